@@ -1,0 +1,1 @@
+"""Framework-free machine-learning code: data, models, training loops, metrics (no Flower imports)."""
