@@ -1,0 +1,163 @@
+"""Loading, merging and validating run configurations (OmegaConf).
+
+A run's configuration is ``conf/base.yaml`` merged with ``conf/experiment/<name>.yaml``
+and then with dotted ``key=value`` overrides. Flower's run-config carries two strings:
+``experiment`` and ``overrides`` (space-separated ``key=value`` pairs).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import shlex
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from task.errors import ConfigError
+from task.models import MODEL_NAMES
+from task.sources import DATASET_NAMES
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+SERVER_OPTS = ("none", "fedavgm", "fedadam")
+FINETUNE_PARTS = ("head", "full")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def experiment_names() -> list[str]:
+    """Names of the experiment files in ``conf/experiment``."""
+    return sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
+
+
+def parse_overrides(overrides: str | Iterable[str]) -> list[str]:
+    """Split an ``overrides`` run-config string into ``key=value`` items."""
+    items = shlex.split(overrides) if isinstance(overrides, str) else list(overrides)
+    for item in items:
+        if "=" not in item or item.startswith("="):
+            raise ConfigError(f"override '{item}' must have the form key=value (e.g. train.lr=0.1)")
+    return items
+
+
+def load_config(experiment: str, overrides: str | Iterable[str] = ()) -> DictConfig:
+    """Merge base, experiment and overrides; unknown keys are errors."""
+    exp_path = CONF_DIR / "experiment" / f"{experiment}.yaml"
+    if not exp_path.is_file():
+        raise ConfigError(
+            f"experiment: unknown experiment '{experiment}'; available: {', '.join(experiment_names())}"
+        )
+    base = OmegaConf.load(CONF_DIR / "base.yaml")
+    OmegaConf.set_struct(base, True)
+    try:
+        cfg = OmegaConf.merge(base, OmegaConf.load(exp_path))
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"{exp_path}: {err.msg}") from None
+    items = parse_overrides(overrides)
+    try:
+        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(items))
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", "") or "overrides"
+        raise ConfigError(f"{key}: {err.msg}") from None
+    OmegaConf.set_struct(cfg, False)
+    cfg.experiment = experiment
+    validate(cfg)
+    return cfg
+
+
+@functools.lru_cache(maxsize=8)
+def config_from_run_config(experiment: str, overrides: str) -> DictConfig:
+    """Cached :func:`load_config` for the Flower run-config (one parse per process)."""
+    return load_config(experiment, overrides)
+
+
+def run_config_of(run_config: Mapping) -> DictConfig:
+    """The merged configuration described by a Flower ``context.run_config``."""
+    return config_from_run_config(
+        str(run_config.get("experiment", "quickstart")), str(run_config.get("overrides", ""))
+    )
+
+
+def _require(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: {message}")
+
+
+def _positive(cfg: DictConfig, key: str, integer: bool = False, allow_none: bool = False) -> None:
+    value = OmegaConf.select(cfg, key)
+    if value is None and allow_none:
+        return
+    kind = "a positive integer" if integer else "a positive number"
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+    if integer:
+        ok = ok and float(value).is_integer()
+    _require(ok, key, f"got {value!r}, expected {kind}")
+
+
+def _nonnegative(cfg: DictConfig, key: str) -> None:
+    value = OmegaConf.select(cfg, key)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+    _require(ok, key, f"got {value!r}, expected a number >= 0")
+
+
+def _choice(cfg: DictConfig, key: str, allowed: Iterable[str]) -> None:
+    allowed = tuple(allowed)
+    value = OmegaConf.select(cfg, key)
+    _require(value in allowed, key, f"unknown value {value!r}; allowed: {', '.join(allowed)}")
+
+
+def validate(cfg: DictConfig) -> None:
+    """Check every value that can be checked without loading data; raise ConfigError."""
+    from strategies import ALGORITHMS  # local import: strategies import this module's users
+
+    _choice(cfg, "algorithm", ALGORITHMS)
+    _choice(cfg, "data.name", DATASET_NAMES)
+    _choice(cfg, "model.name", MODEL_NAMES)
+    _choice(cfg, "server_opt.name", SERVER_OPTS)
+    _choice(cfg, "finetune.part", FINETUNE_PARTS)
+    _choice(cfg, "simulation.device", DEVICES)
+    _require(isinstance(cfg.seed, int) and not isinstance(cfg.seed, bool), "seed", f"got {cfg.seed!r}, expected an integer")
+    for key in ("rounds", "train.batch_size", "data.num_clients", "eval.every", "eval.batch_size"):
+        _positive(cfg, key, integer=True)
+    _positive(cfg, "train.local_epochs", integer=True)
+    _positive(cfg, "train.local_steps", integer=True, allow_none=True)
+    _positive(cfg, "train.lr")
+    _positive(cfg, "train.lr_decay")
+    _positive(cfg, "finetune.lr", allow_none=True)
+    _positive(cfg, "server_opt.lr")
+    for key in ("train.momentum", "train.weight_decay", "fedprox.mu", "finetune.epochs",
+                "eval.final_window", "data.num_new_clients", "simulation.client_gpus"):
+        _nonnegative(cfg, key)
+    _positive(cfg, "simulation.client_cpus")
+    fraction = cfg.train.fraction
+    _require(
+        isinstance(fraction, (int, float)) and 0 < fraction <= 1,
+        "train.fraction",
+        f"got {fraction!r}, expected a fraction in (0, 1]",
+    )
+    trainable = cfg.data.num_clients - cfg.data.num_new_clients
+    _require(
+        trainable >= 1,
+        "data.num_new_clients",
+        f"{cfg.data.num_new_clients} held-out clients leave no training client out of data.num_clients={cfg.data.num_clients}",
+    )
+    head = cfg.model.head
+    _require(
+        head is None or (OmegaConf.is_list(head) and len(head) > 0),
+        "model.head",
+        f"got {head!r}, expected null or a non-empty list of layer names",
+    )
+
+
+def clients_per_round(cfg: DictConfig) -> int:
+    """Number of clients sampled each round: ceil(C · #training clients), at least 1."""
+    trainable = cfg.data.num_clients - cfg.data.num_new_clients
+    return max(1, min(trainable, math.ceil(cfg.train.fraction * trainable - 1e-9)))
+
+
+def head_groups(cfg: DictConfig, model) -> list[str]:
+    """The configured head groups of ``model`` (validated against the model's groups)."""
+    head = list(cfg.model.head) if cfg.model.head is not None else list(model.default_head)
+    model.check_groups(head, "model.head")
+    model.split_at(head, "model.head")
+    return head

@@ -1,0 +1,14 @@
+"""Algorithm registry: name -> Algorithm (server half + client half, one module each).
+
+Adding an algorithm: write ``strategies/<name>.py`` defining ``ALGORITHM`` and add one
+line below.
+"""
+
+from strategies import fedavg, fedprox, local_only
+from strategies.base import Algorithm
+
+ALGORITHMS: dict[str, Algorithm] = {
+    fedavg.ALGORITHM.name: fedavg.ALGORITHM,
+    fedprox.ALGORITHM.name: fedprox.ALGORITHM,
+    local_only.ALGORITHM.name: local_only.ALGORITHM,
+}

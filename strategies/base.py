@@ -1,0 +1,52 @@
+"""The registry entry of an algorithm: its server half and its client half side by side."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from flwr.app import RecordDict
+from flwr.serverapp.strategy import Strategy
+from omegaconf import DictConfig
+
+from strategies.common import ClientRuntime
+from task.models import SplitModel
+
+ClientFn = Callable[[ClientRuntime, RecordDict], RecordDict]
+
+# Flower strategies sample from the nodes the server loop hands them (already sampled
+# by a seeded, algorithm-independent rule), so they must take all of them.
+TAKE_ALL_NODES = dict(
+    fraction_train=1.0,
+    fraction_evaluate=1.0,
+    min_train_nodes=1,
+    min_evaluate_nodes=1,
+    min_available_nodes=1,
+)
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One federated algorithm.
+
+    - ``make_strategy``: the server half, a Flower ``Strategy``.
+    - ``train``: the client half of a training round (content in, reply content out).
+    - ``shared_keys``: the model state keys that form the global model (what the server
+      holds and sends); ``None`` for algorithms without a global model (Local-only).
+    - ``evaluate``: the client's personalized evaluation; ``None`` means each client's
+      personalized model *is* the global model, so the server evaluates it on every
+      client's local test split itself (same numbers, no messages).
+    - ``supports_finetune``: whether ``finetune.enabled`` (+FT) applies.
+    """
+
+    name: str
+    make_strategy: Callable[[DictConfig], Strategy]
+    train: ClientFn
+    shared_keys: Callable[[SplitModel, DictConfig], list[str]] | None
+    evaluate: ClientFn | None = None
+    supports_finetune: bool = False
+
+
+def all_keys(model: SplitModel, cfg: DictConfig) -> list[str]:
+    """Every state key: the whole model is global."""
+    return list(model.state_dict())

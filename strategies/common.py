@@ -1,0 +1,93 @@
+"""What every algorithm's client half works with, and helpers shared by the algorithms."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from omegaconf import DictConfig
+
+from task.engine import OptimizerConfig, TensorData, evaluate, seeded_generator
+from task.models import SplitModel
+
+ARRAYS = "arrays"
+CONFIG = "config"
+METRICS = "metrics"
+NUM_EXAMPLES = "num-examples"
+
+
+@dataclass
+class ClientRuntime:
+    """One client's view of a run: its config, data on the device, a model and its state.
+
+    The model object is reused across messages in a worker process; an algorithm must
+    load every parameter it relies on (from the message or from ``state``) before use.
+    """
+
+    cfg: DictConfig
+    partition_id: int
+    device: torch.device
+    train: TensorData
+    test: TensorData
+    model: SplitModel
+    head: list[str]
+    initial_state: dict[str, torch.Tensor]
+    regression: bool = False
+    state: RecordDict = field(default_factory=RecordDict)
+
+    def optimizer(self, lr: float | None = None) -> OptimizerConfig:
+        """The client optimizer of this run (``lr`` overrides the configured rate)."""
+        t = self.cfg.train
+        return OptimizerConfig(
+            lr=float(lr if lr is not None else t.lr),
+            momentum=float(t.momentum),
+            weight_decay=float(t.weight_decay),
+            nesterov=bool(t.nesterov),
+        )
+
+    def generator(self, server_round: int, salt: int = 0) -> torch.Generator:
+        """Shuffling generator: a pure function of (seed, round, client, salt)."""
+        return seeded_generator(self.cfg.seed, server_round, self.partition_id, salt)
+
+    def reset_model(self) -> None:
+        """Put the run's common initial weights into the model."""
+        self.model.load_state_dict(self.initial_state)
+
+    def load(self, arrays: ArrayRecord) -> None:
+        """Copy the received arrays into the model (a subset of its state is allowed)."""
+        state = arrays.to_torch_state_dict()
+        own = self.model.state_dict()
+        unknown = [k for k in state if k not in own]
+        if unknown:
+            raise KeyError(f"received arrays the model does not have: {unknown[:5]}")
+        with torch.no_grad():
+            for key, value in state.items():
+                own[key].copy_(value.to(own[key].device))
+
+    def arrays(self, names: list[str] | None = None) -> ArrayRecord:
+        """The model's state (only ``names`` when given) as an ArrayRecord on the CPU."""
+        state = self.model.state_dict()
+        keys = names if names is not None else list(state)
+        return ArrayRecord({k: state[k].detach().cpu() for k in keys})
+
+    def evaluate_local(self) -> dict[str, float]:
+        """Loss and accuracy of the current model on this client's local test split."""
+        res = evaluate(self.model, self.test, int(self.cfg.eval.batch_size), self.regression)
+        out = {"loss": res.loss, NUM_EXAMPLES: float(res.num_examples)}
+        if res.accuracy is not None:
+            out["accuracy"] = res.accuracy
+        return out
+
+
+def reply(arrays: ArrayRecord | None = None, **metrics: float) -> RecordDict:
+    """A reply RecordDict with optional arrays and a MetricRecord of ``metrics``."""
+    content = RecordDict({METRICS: MetricRecord({k: float(v) for k, v in metrics.items()})})
+    if arrays is not None:
+        content[ARRAYS] = arrays
+    return content
+
+
+def round_config(content: RecordDict) -> ConfigRecord:
+    """The ConfigRecord of a received message (empty when absent)."""
+    return content[CONFIG] if CONFIG in content else ConfigRecord()

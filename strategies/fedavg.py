@@ -1,0 +1,56 @@
+"""FedAvg (McMahan et al.) with tau local epochs or exactly tau local steps (tau = 1: D-SGD).
+
+Server: Flower's FedAvg (example-weighted average), or FedAvgM / FedAdam on the averaged
+update when ``server_opt.name`` asks for a server optimizer.
+Client: local SGD from the received global model; with ``proximal-mu`` in the round
+config (sent by FedProx's server half) the proximal term is added.
+"""
+
+from __future__ import annotations
+
+from flwr.app import RecordDict
+from flwr.serverapp.strategy import FedAdam, FedAvg, FedAvgM, Strategy
+from omegaconf import DictConfig
+
+from strategies.base import TAKE_ALL_NODES, Algorithm, all_keys
+from strategies.common import ARRAYS, NUM_EXAMPLES, ClientRuntime, reply, round_config
+from task.engine import train
+
+
+def make_strategy(cfg: DictConfig) -> Strategy:
+    """FedAvg, or Flower's FedAvgM / FedAdam when a server optimizer is configured."""
+    opt = cfg.server_opt
+    if opt.name == "fedavgm":
+        return FedAvgM(**TAKE_ALL_NODES, server_learning_rate=opt.lr, server_momentum=opt.momentum)
+    if opt.name == "fedadam":
+        return FedAdam(**TAKE_ALL_NODES, eta=opt.lr, eta_l=cfg.train.lr, beta_1=opt.beta_1, beta_2=opt.beta_2, tau=opt.tau)
+    return FedAvg(**TAKE_ALL_NODES)
+
+
+def local_sgd(rt: ClientRuntime, content: RecordDict) -> RecordDict:
+    """Load the global model, run the local epochs/steps, return the model and metrics."""
+    rt.load(content[ARRAYS])
+    config = round_config(content)
+    server_round = int(config.get("server-round", 0))
+    result = train(
+        rt.model,
+        rt.train,
+        rt.optimizer(lr=config.get("lr")),
+        batch_size=int(rt.cfg.train.batch_size),
+        generator=rt.generator(server_round),
+        epochs=int(rt.cfg.train.local_epochs),
+        steps=rt.cfg.train.local_steps,
+        prox_mu=float(config.get("proximal-mu", 0.0)),
+        regression=rt.regression,
+    )
+    metrics = {"train_loss": result.mean_loss, "local_steps": result.steps, NUM_EXAMPLES: len(rt.train)}
+    return reply(rt.arrays(), **metrics)
+
+
+ALGORITHM = Algorithm(
+    name="fedavg",
+    make_strategy=make_strategy,
+    train=local_sgd,
+    shared_keys=all_keys,
+    supports_finetune=True,
+)

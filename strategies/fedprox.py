@@ -1,0 +1,27 @@
+"""FedProx (Li et al.): FedAvg whose clients minimise f_i(w) + (mu/2)·||w − w_global||².
+
+Server: Flower's FedProx, which puts ``proximal-mu`` into every training round's config.
+Client: FedAvg's local SGD, which adds the proximal term when ``proximal-mu`` > 0.
+"""
+
+from __future__ import annotations
+
+from flwr.serverapp.strategy import FedProx, Strategy
+from omegaconf import DictConfig
+
+from strategies.base import TAKE_ALL_NODES, Algorithm, all_keys
+from strategies.fedavg import local_sgd
+
+
+def make_strategy(cfg: DictConfig) -> Strategy:
+    """Flower's FedProx with ``fedprox.mu``."""
+    return FedProx(**TAKE_ALL_NODES, proximal_mu=float(cfg.fedprox.mu))
+
+
+ALGORITHM = Algorithm(
+    name="fedprox",
+    make_strategy=make_strategy,
+    train=local_sgd,
+    shared_keys=all_keys,
+    supports_finetune=True,
+)

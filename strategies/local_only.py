@@ -1,0 +1,87 @@
+"""Local-only: every client trains its own model on its own data; nothing is averaged.
+
+Server: sends the round config only and aggregates the clients' training metrics.
+Client: keeps its whole model in ``context.state`` across rounds (starting from the run's
+common initial weights) and sends back metrics only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg, Strategy
+from omegaconf import DictConfig
+
+from strategies.base import TAKE_ALL_NODES, Algorithm
+from strategies.common import CONFIG, METRICS, NUM_EXAMPLES, ClientRuntime, reply, round_config
+from task.engine import train
+
+STATE_KEY = "local-model"
+
+
+class LocalOnly(FedAvg):
+    """Sends configs without arrays; aggregates metrics, returns no arrays."""
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        config["server-round"] = server_round
+        record = RecordDict({CONFIG: config})
+        return self._construct_messages(record, list(grid.get_node_ids()), MessageType.TRAIN)
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        valid, _ = self._check_and_log_replies(replies, is_train=True, validate=False)
+        contents = [m.content for m in valid if METRICS in m.content]
+        if not contents:
+            return None, None
+        return None, self.train_metrics_aggr_fn(contents, self.weighted_by_key)
+
+
+def make_strategy(cfg: DictConfig) -> Strategy:
+    """The Local-only server half."""
+    return LocalOnly(**TAKE_ALL_NODES)
+
+
+def _load_own_model(rt: ClientRuntime) -> None:
+    if STATE_KEY in rt.state:
+        rt.load(rt.state[STATE_KEY])
+    else:
+        rt.reset_model()
+
+
+def train_locally(rt: ClientRuntime, content: RecordDict) -> RecordDict:
+    """Train the client's own model for the configured local epochs and keep it."""
+    _load_own_model(rt)
+    config = round_config(content)
+    server_round = int(config.get("server-round", 0))
+    result = train(
+        rt.model,
+        rt.train,
+        rt.optimizer(lr=config.get("lr")),
+        batch_size=int(rt.cfg.train.batch_size),
+        generator=rt.generator(server_round),
+        epochs=int(rt.cfg.train.local_epochs),
+        steps=rt.cfg.train.local_steps,
+        regression=rt.regression,
+    )
+    rt.state[STATE_KEY] = rt.arrays()
+    return reply(None, train_loss=result.mean_loss, local_steps=result.steps, **{NUM_EXAMPLES: len(rt.train)})
+
+
+def evaluate_own_model(rt: ClientRuntime, content: RecordDict) -> RecordDict:
+    """Evaluate the client's own model on its local test split."""
+    _load_own_model(rt)
+    return reply(None, **rt.evaluate_local())
+
+
+ALGORITHM = Algorithm(
+    name="local_only",
+    make_strategy=make_strategy,
+    train=train_locally,
+    shared_keys=None,
+    evaluate=evaluate_own_model,
+)

@@ -1,0 +1,228 @@
+"""Fast local training and evaluation loops.
+
+Client data lives as tensors on the training device; a batch is an index slice of a
+seeded permutation (no DataLoader is built per round). Everything here is plain PyTorch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """SGD settings of one local training call."""
+
+    lr: float
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    nesterov: bool = False
+
+    def build(self, params: Sequence[nn.Parameter]) -> torch.optim.Optimizer:
+        """A fresh SGD optimizer over ``params`` (momentum buffers start at zero)."""
+        return torch.optim.SGD(
+            params,
+            lr=self.lr,
+            momentum=self.momentum,
+            weight_decay=self.weight_decay,
+            nesterov=self.nesterov,
+        )
+
+
+@dataclass
+class TensorData:
+    """Inputs and targets of one client split, already on the training device."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.y.shape[0])
+
+    @classmethod
+    def from_arrays(cls, x: np.ndarray, y: np.ndarray, device: torch.device) -> TensorData:
+        """Copy numpy arrays to ``device`` once."""
+        return cls(torch.as_tensor(x).to(device), torch.as_tensor(y).to(device))
+
+
+@dataclass
+class TrainResult:
+    """What one local training call did."""
+
+    mean_loss: float
+    steps: int
+    samples: int
+
+
+@dataclass
+class EvalResult:
+    """Summed loss and correct predictions over a split (accuracy is None for regression)."""
+
+    loss_sum: float
+    correct: int
+    num_examples: int
+    regression: bool = False
+
+    @property
+    def loss(self) -> float:
+        return self.loss_sum / max(self.num_examples, 1)
+
+    @property
+    def accuracy(self) -> float | None:
+        if self.regression:
+            return None
+        return self.correct / max(self.num_examples, 1)
+
+
+def loss_function(regression: bool):
+    """Cross-entropy for classification, mean squared error for regression."""
+    if regression:
+        return lambda out, y: F.mse_loss(out.squeeze(-1), y)
+    return F.cross_entropy
+
+
+def batch_slices(
+    num_examples: int, batch_size: int, generator: torch.Generator, device: torch.device
+) -> Iterator[torch.Tensor]:
+    """Index batches of one epoch: slices of a seeded permutation (last batch may be short)."""
+    perm = torch.randperm(num_examples, generator=generator).to(device)
+    for start in range(0, num_examples, batch_size):
+        yield perm[start : start + batch_size]
+
+
+def _step_batches(
+    num_examples: int,
+    batch_size: int,
+    generator: torch.Generator,
+    device: torch.device,
+    epochs: int | None,
+    steps: int | None,
+) -> Iterator[torch.Tensor]:
+    """Batches for ``epochs`` full passes, or exactly ``steps`` batches across passes."""
+    if steps is None:
+        for _ in range(int(epochs or 0)):
+            yield from batch_slices(num_examples, batch_size, generator, device)
+        return
+    done = 0
+    while done < steps:
+        for idx in batch_slices(num_examples, batch_size, generator, device):
+            yield idx
+            done += 1
+            if done == steps:
+                return
+
+
+def train(
+    model: nn.Module,
+    data: TensorData,
+    optimizer: OptimizerConfig,
+    batch_size: int,
+    generator: torch.Generator,
+    epochs: int | None = 1,
+    steps: int | None = None,
+    params: Sequence[nn.Parameter] | None = None,
+    prox_mu: float = 0.0,
+    regression: bool = False,
+) -> TrainResult:
+    """Train ``model`` in place with mini-batch SGD.
+
+    Runs ``epochs`` passes over ``data`` or, when ``steps`` is given, exactly ``steps``
+    mini-batch steps. Only ``params`` are updated (default: all parameters). With
+    ``prox_mu > 0`` the FedProx term (mu/2)·||w − w_start||² over the trained parameters
+    is added to the loss.
+    """
+    trainable = list(params) if params is not None else list(model.parameters())
+    opt = optimizer.build(trainable)
+    anchors = [p.detach().clone() for p in trainable] if prox_mu > 0 else None
+    loss_fn = loss_function(regression)
+    model.train()
+    total, num_steps, samples = 0.0, 0, 0
+    if len(data) == 0:
+        return TrainResult(0.0, 0, 0)
+    for idx in _step_batches(len(data), batch_size, generator, data.y.device, epochs, steps):
+        xb, yb = data.x[idx], data.y[idx]
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(xb), yb)
+        loss.backward()
+        if anchors is not None:
+            with torch.no_grad():
+                for p, anchor in zip(trainable, anchors):
+                    if p.grad is not None:
+                        p.grad.add_(p - anchor, alpha=prox_mu)
+        opt.step()
+        total += float(loss.detach()) * len(idx)
+        samples += len(idx)
+        num_steps += 1
+    return TrainResult(total / max(samples, 1), num_steps, samples)
+
+
+@torch.no_grad()
+def predict(model: nn.Module, x: torch.Tensor, batch_size: int = 2048) -> torch.Tensor:
+    """Model outputs for ``x`` in eval mode, computed in chunks."""
+    model.eval()
+    outs = [model(x[i : i + batch_size]) for i in range(0, x.shape[0], batch_size)]
+    return torch.cat(outs) if outs else x.new_zeros((0,))
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, data: TensorData, batch_size: int = 2048, regression: bool = False
+) -> EvalResult:
+    """Summed loss and number of correct predictions of ``model`` on ``data``."""
+    if len(data) == 0:
+        return EvalResult(0.0, 0, 0, regression)
+    out = predict(model, data.x, batch_size)
+    if regression:
+        loss_sum = float(F.mse_loss(out.squeeze(-1), data.y, reduction="sum"))
+        return EvalResult(loss_sum, 0, len(data), True)
+    loss_sum = float(F.cross_entropy(out, data.y, reduction="sum"))
+    correct = int((out.argmax(dim=1) == data.y).sum())
+    return EvalResult(loss_sum, correct, len(data))
+
+
+def train_head_on_features(
+    model: nn.Module,
+    head: Sequence[str],
+    data: TensorData,
+    optimizer: OptimizerConfig,
+    batch_size: int,
+    generator: torch.Generator,
+    epochs: int,
+    regression: bool = False,
+) -> TrainResult:
+    """Train only the ``head`` groups of a split model with the body frozen.
+
+    Body features are computed once (eval mode, no augmentation) and the head trains on
+    them, which is exact because a frozen body maps each input to fixed features.
+    """
+    features = predict_features(model, head, data.x)
+    head_module = nn.Sequential(*[model.get_submodule(name) for name in head])
+    return train(
+        head_module,
+        TensorData(features, data.y),
+        optimizer,
+        batch_size,
+        generator,
+        epochs=epochs,
+        regression=regression,
+    )
+
+
+@torch.no_grad()
+def predict_features(model: nn.Module, head: Sequence[str], x: torch.Tensor, batch_size: int = 2048) -> torch.Tensor:
+    """Body outputs (the input of the ``head`` groups) for ``x``, in eval mode."""
+    model.eval()
+    chunks = [model.features(x[i : i + batch_size], head) for i in range(0, x.shape[0], batch_size)]
+    return torch.cat(chunks)
+
+
+def seeded_generator(*parts: int) -> torch.Generator:
+    """A CPU generator whose seed is a deterministic function of integer ``parts``."""
+    seed = int(np.random.SeedSequence([int(p) & 0xFFFFFFFF for p in parts]).generate_state(1)[0])
+    return torch.Generator().manual_seed(seed)

@@ -1,0 +1,298 @@
+"""Every model of the project, built as a sequence of named layer groups.
+
+A :class:`SplitModel` is an ``nn.Sequential`` whose entries are *layer groups* (``conv1``,
+``fc3``, ``layer4`` ...), so parameter names are ``"<group>.<...>"`` and algorithms choose
+the shared body and the personal head by group name, never by position. Flattening always
+happens inside a group, so any suffix of the groups can serve as the head.
+
+Models output logits: the official codes end in ``log_softmax``/``softmax``, which here
+belongs to the loss.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+
+import torch
+from torch import Tensor, nn
+from torchvision.models.resnet import BasicBlock, conv1x1
+
+from task.errors import ConfigError
+
+#: GroupNorm groups in ``resnet18_gn``. Unconfirmed for TCT (its public code has no ResNet);
+#: 2 groups is the usual choice in federated learning (Hsieh et al., 2020). The parameter
+#: count does not depend on it.
+RESNET_GN_GROUPS = 2
+
+#: Default representation dimension k of ``linear_rep`` (FedRep's synthetic setting, d=20, k=2).
+LINEAR_REP_DIM = 2
+
+
+class SplitModel(nn.Sequential):
+    """An ``nn.Sequential`` of named layer groups that can be split into body and head."""
+
+    def __init__(self, groups: OrderedDict[str, nn.Module], default_head: Sequence[str] = ()):
+        """Build from ordered ``groups``; ``default_head`` defaults to the last group."""
+        super().__init__(groups)
+        self.default_head: tuple[str, ...] = tuple(default_head) or (self.group_names[-1],)
+        self.split_at(self.default_head, key="default_head")
+
+    @property
+    def group_names(self) -> list[str]:
+        """The group names, in forward order."""
+        return list(self._modules)
+
+    def check_groups(self, groups: Iterable[str], key: str) -> None:
+        """Raise ConfigError naming ``key`` if any of ``groups`` is not a group of this model.
+
+        A single string counts as one group name.
+        """
+        names = self.group_names
+        unknown = [g for g in _as_list(groups) if g not in names]
+        if unknown:
+            raise ConfigError(f"{key}: unknown layer group(s) {unknown}; allowed groups: {names}")
+
+    def parameter_names(self, groups: Iterable[str]) -> list[str]:
+        """State-dict keys (parameters and buffers) of ``groups``, in state-dict order."""
+        wanted = _as_list(groups)
+        self.check_groups(wanted, key="groups")
+        return [k for k in self.state_dict() if k.split(".", 1)[0] in wanted]
+
+    def split_at(self, head: Sequence[str], key: str = "model.head") -> int:
+        """Index of the first head group; ``head`` must be a non-empty suffix of the groups."""
+        head = _as_list(head)
+        self.check_groups(head, key)
+        names = self.group_names
+        if not head or head != names[len(names) - len(head) :]:
+            suffixes = [names[i:] for i in range(len(names) - 1, -1, -1)]
+            raise ConfigError(
+                f"{key}: head {head} must be a non-empty suffix of the layer groups {names}; "
+                f"allowed: {suffixes}"
+            )
+        return len(names) - len(head)
+
+    def features(self, x: Tensor, head: Sequence[str]) -> Tensor:
+        """Run the body (every group before ``head``) on ``x``."""
+        for module in list(self._modules.values())[: self.split_at(head)]:
+            x = module(x)
+        return x
+
+    def head_forward(self, z: Tensor, head: Sequence[str]) -> Tensor:
+        """Run the ``head`` groups on body features ``z``."""
+        for module in list(self._modules.values())[self.split_at(head) :]:
+            z = module(z)
+        return z
+
+
+def _as_list(groups: Iterable[str]) -> list[str]:
+    return [groups] if isinstance(groups, str) else list(groups)
+
+
+def _image_shape(name: str, input_shape: tuple[int, ...]) -> tuple[int, int, int]:
+    if len(input_shape) != 3:
+        raise ConfigError(f"model.name: {name} needs a (C, H, W) input shape, got {input_shape}")
+    return input_shape  # type: ignore[return-value]
+
+
+def _flat_size(name: str, convs: Sequence[nn.Module], input_shape: tuple[int, ...]) -> int:
+    """Number of features after ``convs`` on one input of ``input_shape`` (a dry run)."""
+    x = torch.zeros(1, *input_shape)
+    try:
+        with torch.no_grad():
+            for conv in convs:
+                x = conv(x)
+    except RuntimeError as err:
+        raise ConfigError(f"model.name: input shape {input_shape} is too small for {name}") from err
+    return x.numel()
+
+
+def _add_fc_groups(
+    groups: OrderedDict[str, nn.Module],
+    n_in: int,
+    hidden: Sequence[int],
+    num_classes: int,
+    dropout_last_hidden: float = 0.0,
+) -> SplitModel:
+    """Append ReLU linear groups ``fc1..`` (fc1 flattens first) and a linear head; build."""
+    sizes = (n_in, *hidden)
+    for i, (n, m) in enumerate(zip(sizes, hidden), start=1):
+        layers: list[nn.Module] = [nn.Flatten()] if i == 1 else []
+        layers += [nn.Linear(n, m), nn.ReLU()]
+        if i == len(hidden) and dropout_last_hidden:
+            layers.append(nn.Dropout(dropout_last_hidden))
+        groups[f"fc{i}"] = nn.Sequential(*layers)
+    groups[f"fc{len(hidden) + 1}"] = nn.Linear(sizes[-1], num_classes)
+    return SplitModel(groups)
+
+
+def _conv_fc_net(
+    name: str,
+    input_shape: tuple[int, ...],
+    channels: Sequence[int],
+    hidden: Sequence[int],
+    num_classes: int,
+    dropout_last_hidden: float = 0.0,
+) -> SplitModel:
+    """Groups ``conv1..`` (5x5 conv, ReLU, 2x2 max pool), then ``fc1..`` and a linear head."""
+    c, _, _ = _image_shape(name, input_shape)
+    groups: OrderedDict[str, nn.Module] = OrderedDict()
+    for i, (c_in, c_out) in enumerate(zip((c, *channels), channels), start=1):
+        groups[f"conv{i}"] = nn.Sequential(nn.Conv2d(c_in, c_out, 5), nn.ReLU(), nn.MaxPool2d(2))
+    n_in = _flat_size(name, list(groups.values()), input_shape)
+    return _add_fc_groups(groups, n_in, hidden, num_classes, dropout_last_hidden)
+
+
+def _mlp(input_shape: tuple[int, ...], hidden: Sequence[int], num_classes: int) -> SplitModel:
+    """Groups ``fc1..`` (ReLU linear layers on the flattened input) and a linear head."""
+    return _add_fc_groups(OrderedDict(), math.prod(input_shape), hidden, num_classes)
+
+
+def fedrep_cnn(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
+    """FedRep's CIFAR-10 CNN (lgcollins/FedRep ``models/Nets.py``, ``CNNCifar``; confirmed).
+
+    conv 5x5 3->64, conv 5x5 64->64 (each ReLU + maxpool 2), fc 1600-120-64-classes.
+    307,842 parameters on (3, 32, 32) with 10 classes. Groups conv1, conv2, fc1, fc2, fc3.
+    """
+    return _conv_fc_net("fedrep_cnn", input_shape, (64, 64), (120, 64), num_classes)
+
+
+def fedrep_cnn100(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
+    """FedRep's CIFAR-100 CNN (``CNNCifar100`` in the same file; confirmed).
+
+    Wider than ``fedrep_cnn``: conv 3->64, conv 64->128, fc 3200-256-128-classes, with
+    Dropout(0.6) after fc2's ReLU. 1,075,044 parameters on (3, 32, 32) with 100 classes.
+    """
+    return _conv_fc_net(
+        "fedrep_cnn100", input_shape, (64, 128), (256, 128), num_classes, dropout_last_hidden=0.6
+    )
+
+
+def lenet5(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
+    """LG-FedAvg's LeNet-5 for CIFAR (LG-FedAvg ``models/Nets.py``, ``CNNCifar``; confirmed).
+
+    conv 3->6, conv 6->16 (5x5, ReLU, maxpool 2), fc 400-120-100-classes (ReLU).
+    64,102 parameters on (3, 32, 32) with 10 classes; conv1 + conv2 hold 2,872.
+    """
+    return _conv_fc_net("lenet5", input_shape, (6, 16), (120, 100), num_classes)
+
+
+def simple_cnn(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
+    """TCT's SimpleCNN for Fashion-MNIST, as the TCT paper describes it.
+
+    The paper (Sec. 5.1): two convolutional layers with max pooling, then two fully connected
+    layers, ReLU. Widths are unconfirmed: yaodongyu/TCT only ships an MNIST example with a
+    different net (three stride-2 convs). Used here: McMahan et al.'s FedAvg CNN, conv 5x5
+    1->32, conv 5x5 32->64 (each ReLU + maxpool 2), fc 1024-512-classes. 582,026 parameters on
+    (1, 28, 28) with 10 classes, 577,409 with a single output logit (the design doc's "577K").
+    """
+    return _conv_fc_net("simple_cnn", input_shape, (32, 64), (512,), num_classes)
+
+
+def mlp_mnist(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
+    """LG-FedAvg's MNIST MLP (``MLP`` in pliang279/LG-FedAvg ``models/Nets.py``; confirmed).
+
+    784-512-256-256-128-classes with ReLU. The official class defines a Dropout but never
+    applies it, so there is none here. 633,226 parameters with 10 classes; fc3..fc5 hold 99,978.
+    """
+    return _mlp(input_shape, (512, 256, 256, 128), num_classes)
+
+
+def mlp_femnist(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
+    """FedRep's FEMNIST MLP (``MLP`` in lgcollins/FedRep ``models/Nets.py``; confirmed).
+
+    ``--dataset femnist --model mlp`` builds ``MLP(dim_in=784, ..., dim_out=num_classes)``:
+    784-512-256-64-classes with ReLU (its ``Dropout(0)`` is never applied). 550,346
+    parameters with 10 classes. FedRep's head for it is the last layer (fc4).
+    """
+    return _mlp(input_shape, (512, 256, 64), num_classes)
+
+
+def digits_mlp(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
+    """Small MLP for scikit-learn's 8x8 digits: 64-64-classes, ReLU; 4,810 params (10 classes)."""
+    return _mlp(input_shape, (64,), num_classes)
+
+
+def resnet18_gn(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
+    """ResNet-18 with GroupNorm for 32x32 images (TCT's "ResNet18-GN").
+
+    CIFAR variant: 3x3 stride-1 stem without max pooling, four stages of two torchvision
+    ``BasicBlock`` (64, 128, 256, 512 channels), global average pooling, linear head.
+    GroupNorm with :data:`RESNET_GN_GROUPS` groups replaces BatchNorm (no running buffers, so
+    per-sample gradients are independent). Unconfirmed against TCT's code, which is not public.
+    11,173,962 parameters on (3, 32, 32) with 10 classes. Groups stem, layer1..layer4, pool, fc.
+    """
+    c, _, _ = _image_shape("resnet18_gn", input_shape)
+
+    def norm(channels: int) -> nn.GroupNorm:
+        return nn.GroupNorm(RESNET_GN_GROUPS, channels)
+
+    def stage(c_in: int, c_out: int, stride: int) -> nn.Sequential:
+        downsample = None
+        if stride != 1 or c_in != c_out:
+            downsample = nn.Sequential(conv1x1(c_in, c_out, stride), norm(c_out))
+        return nn.Sequential(
+            BasicBlock(c_in, c_out, stride, downsample, norm_layer=norm),
+            BasicBlock(c_out, c_out, norm_layer=norm),
+        )
+
+    groups: OrderedDict[str, nn.Module] = OrderedDict(
+        stem=nn.Sequential(nn.Conv2d(c, 64, 3, padding=1, bias=False), norm(64), nn.ReLU()),
+        layer1=stage(64, 64, 1),
+        layer2=stage(64, 128, 2),
+        layer3=stage(128, 256, 2),
+        layer4=stage(256, 512, 2),
+        pool=nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten()),
+        fc=nn.Linear(512, num_classes),
+    )
+    return SplitModel(groups)
+
+
+def linear_rep(
+    input_shape: tuple[int, ...], num_classes: int, rep_dim: int = LINEAR_REP_DIM
+) -> SplitModel:
+    """FedRep's multi-task linear representation: body Linear(d->k), head Linear(k->out).
+
+    No biases; ``num_classes`` is the output dimension (1 for regression), ``rep_dim`` is k.
+    """
+    if len(input_shape) != 1:
+        raise ConfigError(f"model.name: linear_rep needs a (d,) input shape, got {input_shape}")
+    if rep_dim < 1:
+        raise ConfigError(f"model.rep_dim: must be a positive integer, got {rep_dim}")
+    return SplitModel(
+        OrderedDict(
+            body=nn.Linear(input_shape[0], rep_dim, bias=False),
+            head=nn.Linear(rep_dim, num_classes, bias=False),
+        )
+    )
+
+
+_BUILDERS: dict[str, Callable[[tuple[int, ...], int], SplitModel]] = {
+    "fedrep_cnn": fedrep_cnn,
+    "fedrep_cnn100": fedrep_cnn100,
+    "mlp_mnist": mlp_mnist,
+    "lenet5": lenet5,
+    "mlp_femnist": mlp_femnist,
+    "simple_cnn": simple_cnn,
+    "resnet18_gn": resnet18_gn,
+    "digits_mlp": digits_mlp,
+    "linear_rep": linear_rep,
+}
+
+MODEL_NAMES: tuple[str, ...] = tuple(_BUILDERS)
+
+
+def build_model(
+    name: str, input_shape: tuple[int, ...], num_classes: int, *, rep_dim: int = LINEAR_REP_DIM
+) -> SplitModel:
+    """Build model ``name`` for inputs of ``input_shape`` ((C, H, W) or (D,)).
+
+    ``rep_dim`` (the representation dimension k) is used by ``linear_rep`` only.
+    """
+    if name not in _BUILDERS:
+        raise ConfigError(f"model.name: unknown model {name!r}; allowed: {list(MODEL_NAMES)}")
+    input_shape = tuple(input_shape)
+    if name == "linear_rep":
+        return linear_rep(input_shape, num_classes, rep_dim)
+    return _BUILDERS[name](input_shape, num_classes)

@@ -1,0 +1,200 @@
+"""Tests for task.models: architectures, parameter counts and body/head splitting."""
+
+from collections import OrderedDict
+
+import pytest
+import torch
+from torch import nn
+
+from task.errors import ConfigError
+from task.models import MODEL_NAMES, SplitModel, build_model
+
+# name -> (natural input shape, classes, total parameters, groups)
+MODELS = {
+    "fedrep_cnn": ((3, 32, 32), 10, 307_842, ["conv1", "conv2", "fc1", "fc2", "fc3"]),
+    "fedrep_cnn100": ((3, 32, 32), 100, 1_075_044, ["conv1", "conv2", "fc1", "fc2", "fc3"]),
+    "mlp_mnist": ((1, 28, 28), 10, 633_226, ["fc1", "fc2", "fc3", "fc4", "fc5"]),
+    "lenet5": ((3, 32, 32), 10, 64_102, ["conv1", "conv2", "fc1", "fc2", "fc3"]),
+    "mlp_femnist": ((1, 28, 28), 10, 550_346, ["fc1", "fc2", "fc3", "fc4"]),
+    "simple_cnn": ((1, 28, 28), 10, 582_026, ["conv1", "conv2", "fc1", "fc2"]),
+    "resnet18_gn": (
+        (3, 32, 32),
+        10,
+        11_173_962,
+        ["stem", "layer1", "layer2", "layer3", "layer4", "pool", "fc"],
+    ),
+    "digits_mlp": ((64,), 10, 4_810, ["fc1", "fc2"]),
+    "linear_rep": ((20,), 1, 20 * 2 + 2 * 1, ["body", "head"]),
+}
+
+
+def n_params(model: nn.Module, names: list[str] | None = None) -> int:
+    state = model.state_dict()
+    return sum(state[k].numel() for k in (names if names is not None else state))
+
+
+def build(name: str, shape: tuple[int, ...] | None = None, classes: int | None = None):
+    torch.manual_seed(0)
+    natural_shape, natural_classes, _, _ = MODELS[name]
+    model = build_model(name, shape or natural_shape, classes or natural_classes)
+    return model.eval()
+
+
+def test_model_names_cover_all_models():
+    assert set(MODEL_NAMES) == set(MODELS)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_parameter_count_groups_and_default_head(name):
+    _, _, count, groups = MODELS[name]
+    model = build(name)
+    assert isinstance(model, SplitModel)
+    assert n_params(model) == count == sum(p.numel() for p in model.parameters())
+    assert model.group_names == groups
+    assert model.default_head == (groups[-1],)
+    assert all(k.split(".", 1)[0] in groups for k in model.state_dict())
+
+
+def test_documented_partial_counts():
+    assert n_params(build("lenet5"), build("lenet5").parameter_names(["conv1", "conv2"])) == 2_872
+    mlp = build("mlp_mnist")
+    assert n_params(mlp, mlp.parameter_names(["fc3", "fc4", "fc5"])) == 99_978
+    # TCT's eNTK uses one logit: SimpleCNN with one output has the design doc's ~577K.
+    assert n_params(build("simple_cnn", classes=1)) == 577_409
+    assert n_params(build("resnet18_gn", classes=100)) == 11_220_132
+
+
+def test_official_layer_names_and_shapes():
+    cnn = build("fedrep_cnn")
+    assert cnn.fc1[1].in_features == 1600 and cnn.fc3.in_features == 64
+    cnn100 = build("fedrep_cnn100")
+    assert [m.p for m in cnn100.modules() if isinstance(m, nn.Dropout)] == [0.6]
+    assert isinstance(cnn100.fc2[-1], nn.Dropout)
+    lenet = build("lenet5")
+    assert lenet.fc1[1].in_features == 400
+    assert not any(isinstance(m, nn.Dropout) for m in build("mlp_mnist").modules())
+    resnet = build("resnet18_gn")
+    assert not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in resnet.modules())
+    assert not list(resnet.buffers())
+    rep = build("linear_rep")
+    assert rep.body.bias is None and rep.head.bias is None
+    assert rep.body.weight.shape == (2, 20)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_forward_shape(name):
+    shape, classes, _, _ = MODELS[name]
+    assert build(name)(torch.randn(3, *shape)).shape == (3, classes)
+
+
+@pytest.mark.parametrize(
+    ("name", "shape", "classes"),
+    [
+        ("fedrep_cnn", (1, 28, 28), 10),
+        ("lenet5", (1, 28, 28), 62),
+        ("simple_cnn", (3, 32, 32), 10),
+        ("resnet18_gn", (1, 28, 28), 10),
+        ("mlp_mnist", (784,), 10),
+        ("mlp_femnist", (784,), 62),
+        ("digits_mlp", (1, 8, 8), 10),
+    ],
+)
+def test_other_input_shapes(name, shape, classes):
+    model = build(name, shape, classes)
+    assert model(torch.randn(2, *shape)).shape == (2, classes)
+
+
+def test_linear_rep_dimension():
+    model = build_model("linear_rep", (20,), 1, rep_dim=5)
+    assert model.body.weight.shape == (5, 20) and model.head.weight.shape == (1, 5)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_split_matches_full_forward_for_every_suffix(name):
+    shape, _, _, groups = MODELS[name]
+    model = build(name)
+    x = torch.randn(2, *shape)
+    with torch.no_grad():
+        full = model(x)
+        for i in range(len(groups)):
+            head = groups[i:]
+            assert model.split_at(head) == i
+            z = model.features(x, head)
+            torch.testing.assert_close(model.head_forward(z, head), full)
+
+
+def test_features_of_default_head_are_flat():
+    model = build("fedrep_cnn")
+    assert model.features(torch.randn(2, 3, 32, 32), model.default_head).shape == (2, 64)
+    resnet = build("resnet18_gn")
+    assert resnet.features(torch.randn(2, 3, 32, 32), ["fc"]).shape == (2, 512)
+
+
+def test_parameter_names_in_state_dict_order():
+    model = build("lenet5")
+    assert model.parameter_names(["fc3", "conv1"]) == [
+        "conv1.0.weight",
+        "conv1.0.bias",
+        "fc3.weight",
+        "fc3.bias",
+    ]
+    assert model.parameter_names("fc3") == ["fc3.weight", "fc3.bias"]
+    assert model.parameter_names([]) == []
+    resnet = build("resnet18_gn")
+    keys = list(resnet.state_dict())
+    body = resnet.parameter_names(resnet.group_names[:-1])
+    assert body + resnet.parameter_names(["fc"]) == keys
+
+
+def test_parameter_names_include_buffers():
+    model = SplitModel(OrderedDict(a=nn.BatchNorm1d(3), b=nn.Linear(3, 2)))
+    assert model.parameter_names(["a"]) == [
+        "a.weight",
+        "a.bias",
+        "a.running_mean",
+        "a.running_var",
+        "a.num_batches_tracked",
+    ]
+
+
+def test_unknown_model_name():
+    with pytest.raises(ConfigError, match="model.name") as err:
+        build_model("vgg", (3, 32, 32), 10)
+    assert all(name in str(err.value) for name in MODEL_NAMES)
+
+
+def test_wrong_input_rank():
+    with pytest.raises(ConfigError, match="model.name"):
+        build_model("fedrep_cnn", (784,), 10)
+    with pytest.raises(ConfigError, match="model.name"):
+        build_model("linear_rep", (1, 8, 8), 1)
+    with pytest.raises(ConfigError, match="too small"):
+        build_model("lenet5", (3, 8, 8), 10)
+
+
+def test_unknown_groups():
+    model = build("lenet5")
+    with pytest.raises(ConfigError, match="model.local_layers") as err:
+        model.check_groups(["conv1", "fc9"], "model.local_layers")
+    assert "fc9" in str(err.value) and "conv2" in str(err.value)
+    with pytest.raises(ConfigError, match="fc9"):
+        model.parameter_names(["fc9"])
+    with pytest.raises(ConfigError, match="model.head"):
+        model.split_at(["fc9"])
+    model.check_groups(["fc1", "conv2"], "model.local_layers")
+
+
+@pytest.mark.parametrize("head", [[], ["fc2"], ["fc3", "fc2"], ["fc1", "fc3"], ["conv1"]])
+def test_non_suffix_head(head):
+    model = build("lenet5")
+    with pytest.raises(ConfigError, match="my.head") as err:
+        model.split_at(head, key="my.head")
+    assert "suffix" in str(err.value)
+    with pytest.raises(ConfigError, match="model.head"):
+        model.features(torch.randn(1, 3, 32, 32), head)
+
+
+def test_slicing_keeps_a_split_model():
+    model = build("lenet5")
+    body = model[:2]
+    assert isinstance(body, SplitModel) and body.group_names == ["conv1", "conv2"]
