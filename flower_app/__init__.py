@@ -1,0 +1,1 @@
+"""Flower plumbing: ServerApp, ClientApp, configuration, results, tracking, CLI."""

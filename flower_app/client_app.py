@@ -1,0 +1,110 @@
+"""The ClientApp: routes each message to the configured algorithm's client half.
+
+Per worker process it caches what does not change between messages: the merged config,
+the federated dataset as tensors on the device, and the model object with the run's
+common initial weights.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
+from omegaconf import DictConfig
+
+from flower_app.config import head_groups, run_config_of
+from strategies import ALGORITHMS
+from strategies.common import ClientRuntime, reply
+from strategies.finetune import finetune
+from task.engine import TensorData
+from task.federated_data import build_federated_data
+from task.models import build_model
+
+app = ClientApp()
+
+
+def pick_device(cfg: DictConfig) -> torch.device:
+    """``simulation.device``: auto picks CUDA when available."""
+    if cfg.simulation.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(cfg.simulation.device)
+
+
+@functools.lru_cache(maxsize=4)
+def _worker_cache(experiment: str, overrides: str):
+    """Config, full train/test tensors on the device, model and initial weights (per process)."""
+    cfg = run_config_of({"experiment": experiment, "overrides": overrides})
+    torch.set_num_threads(max(1, int(cfg.simulation.client_cpus)))
+    device = pick_device(cfg)
+    fed = build_federated_data(cfg.data, int(cfg.seed))
+    bundle = fed.bundle
+    train = TensorData.from_arrays(bundle.train.x, bundle.train.y, device)
+    test = TensorData.from_arrays(bundle.test.x, bundle.test.y, device)
+    torch.manual_seed(int(cfg.seed))
+    model = build_model(cfg.model.name, tuple(bundle.input_shape), int(bundle.num_classes)).to(device)
+    head = head_groups(cfg, model)
+    initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return cfg, fed, train, test, model, head, initial, device
+
+
+def runtime_for(context: Context) -> ClientRuntime:
+    """Build this client's runtime from the run config and its node config."""
+    rc = context.run_config
+    cfg, fed, train, test, model, head, initial, device = _worker_cache(
+        str(rc.get("experiment", "quickstart")), str(rc.get("overrides", ""))
+    )
+    pid = int(context.node_config["partition-id"])
+    if not 0 <= pid < fed.num_clients:
+        raise ValueError(f"partition-id {pid} outside the {fed.num_clients} clients of data.num_clients")
+    train_idx = torch.as_tensor(fed.client_train[pid], device=device)
+    test_idx = torch.as_tensor(fed.client_test[pid], device=device)
+    return ClientRuntime(
+        cfg=cfg,
+        partition_id=pid,
+        device=device,
+        train=TensorData(train.x[train_idx], train.y[train_idx]),
+        test=TensorData(test.x[test_idx], test.y[test_idx]),
+        model=model,
+        head=head,
+        initial_state=initial,
+        regression=fed.bundle.task == "regression",
+        state=context.state,
+    )
+
+
+@app.query("info")
+def info(msg: Message, context: Context) -> Message:
+    """Handshake: which partition this node serves and how much data it holds."""
+    rt = runtime_for(context)
+    content = reply(None, **{"partition-id": rt.partition_id, "num-train": len(rt.train), "num-test": len(rt.test)})
+    return Message(content=content, reply_to=msg)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """One training round of the configured algorithm."""
+    rt = runtime_for(context)
+    content = ALGORITHMS[rt.cfg.algorithm].train(rt, msg.content)
+    return Message(content=content, reply_to=msg)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    """Personalized evaluation on the local test split, with the model this client would use."""
+    rt = runtime_for(context)
+    algorithm = ALGORITHMS[rt.cfg.algorithm]
+    if algorithm.evaluate is None:
+        rt.load(msg.content["arrays"])
+        content = reply(None, **rt.evaluate_local())
+    else:
+        content = algorithm.evaluate(rt, msg.content)
+    return Message(content=content, reply_to=msg)
+
+
+@app.train("finetune")
+def finetune_action(msg: Message, context: Context) -> Message:
+    """+FT: fine-tune the final global model on local data, report before/after."""
+    rt = runtime_for(context)
+    return Message(content=finetune(rt, msg.content), reply_to=msg)

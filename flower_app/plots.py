@@ -1,0 +1,46 @@
+"""Plots of a run: accuracy curves and the per-client accuracy spread."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def plot_run(records: list[dict], plots_dir: Path, title: str) -> list[Path]:
+    """Write ``accuracy.png`` and ``client_spread.png`` from the eval records; return paths."""
+    plots_dir.mkdir(parents=True, exist_ok=True)
+    evals = [r for r in records if r.get("phase") == "eval"]
+    written = []
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key, label in (("personalized_accuracy", "personalized (mean over clients)"), ("global_accuracy", "global model, global test set")):
+        pts = [(r["round"], r[key]) for r in evals if r.get(key) is not None]
+        if pts:
+            ax.plot(*zip(*pts), label=label)
+    ax.set(xlabel="round", ylabel="test accuracy", title=title)
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend()
+    written.append(plots_dir / "accuracy.png")
+    fig.savefig(written[-1], dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    spread = [r for r in evals if r.get("client_accuracy")]
+    if spread:
+        ax.boxplot([list(r["client_accuracy"].values()) for r in spread], positions=[r["round"] for r in spread],
+                   widths=max(1, spread[-1]["round"] // max(len(spread), 1)) * 0.6, showfliers=False, manage_ticks=False)
+        last = spread[-1]
+        ax2 = ax.inset_axes([0.62, 0.1, 0.35, 0.35])
+        ax2.hist(list(last["client_accuracy"].values()), bins=10, color="tab:orange")
+        ax2.set_title(f"round {last['round']}", fontsize=7)
+        ax2.tick_params(labelsize=6)
+    ax.set(xlabel="round", ylabel="local test accuracy per client", title=f"{title}: spread over clients")
+    ax.grid(alpha=0.3)
+    written.append(plots_dir / "client_spread.png")
+    fig.savefig(written[-1], dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return written

@@ -1,0 +1,56 @@
+"""The results contract of a run directory.
+
+``config.yaml`` (resolved config), ``metrics.jsonl`` (one JSON object per round and
+phase), ``summary.json`` and ``plots/*.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from flower_app.plots import plot_run
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe value (NaN/inf become null)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+class RunRecorder:
+    """Writes a run's outputs as they happen."""
+
+    def __init__(self, out_dir: Path, cfg: DictConfig) -> None:
+        self.out_dir = out_dir
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        self.metrics_path = out_dir / "metrics.jsonl"
+        self.metrics_path.write_text("")
+        self.records: list[dict[str, Any]] = []
+
+    def log(self, record: dict[str, Any]) -> None:
+        """Append one record to ``metrics.jsonl``."""
+        record = _clean(record)
+        self.records.append(record)
+        with self.metrics_path.open("a") as fh:
+            fh.write(json.dumps(record) + "\n")
+
+    def write_summary(self, summary: dict[str, Any]) -> Path:
+        """Write ``summary.json``."""
+        path = self.out_dir / "summary.json"
+        path.write_text(json.dumps(_clean(summary), indent=2) + "\n")
+        return path
+
+    def plot(self, title: str) -> list[Path]:
+        """Write the plots of the records so far."""
+        return plot_run(self.records, self.out_dir / "plots", title)

@@ -1,0 +1,253 @@
+"""The ServerApp: validates the run, drives the rounds, evaluates, writes the results."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from logging import INFO
+from pathlib import Path
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid, ServerApp
+from omegaconf import DictConfig
+
+from flower_app.config import clients_per_round, head_groups, run_config_of
+from flower_app.federation import Federation, NodeSubset, Traffic, connect, exchange, metric_of
+from flower_app.results import RunRecorder
+from flower_app.tracking import Tracker
+from strategies import ALGORITHMS
+from strategies.base import Algorithm
+from strategies.common import ARRAYS, CONFIG
+from task.engine import TensorData, evaluate
+from task.errors import ConfigError
+from task.federated_data import FederatedData, build_federated_data
+from task.metrics import client_spread, final_window_mean
+from task.models import SplitModel, build_model
+from task.sampling import sample_clients
+
+app = ServerApp()
+
+
+def output_dir(cfg: DictConfig) -> Path:
+    """``out_dir``, or ``outputs/<experiment>-<timestamp>`` under the current directory."""
+    if cfg.out_dir:
+        return Path(str(cfg.out_dir)).expanduser().resolve()
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    return (Path.cwd() / "outputs" / f"{cfg.experiment}-{stamp}").resolve()
+
+
+class ServerEvaluator:
+    """Evaluates the global model centrally: on every client's local test split and on the global test set."""
+
+    def __init__(self, fed: FederatedData, model: SplitModel, cfg: DictConfig) -> None:
+        self.fed = fed
+        self.model = model
+        self.batch = int(cfg.eval.batch_size)
+        self.regression = fed.bundle.task == "regression"
+        test = fed.bundle.test
+        self.test = TensorData.from_arrays(test.x, test.y, torch.device("cpu"))
+
+    def _split(self, idx: np.ndarray) -> TensorData:
+        t = torch.as_tensor(idx, dtype=torch.long)
+        return TensorData(self.test.x[t], self.test.y[t])
+
+    def load(self, arrays: ArrayRecord) -> None:
+        self.model.load_state_dict(arrays.to_torch_state_dict(), strict=False)
+
+    def global_metric(self) -> tuple[float | None, float]:
+        res = evaluate(self.model, self._split(self.fed.global_test), self.batch, self.regression)
+        return res.accuracy, res.loss
+
+    def per_client(self, pids: list[int]) -> tuple[dict[int, float], dict[int, float]]:
+        acc, loss = {}, {}
+        for pid in pids:
+            res = evaluate(self.model, self._split(self.fed.client_test[pid]), self.batch, self.regression)
+            if res.accuracy is not None:
+                acc[pid] = res.accuracy
+            loss[pid] = res.loss
+        return acc, loss
+
+
+class Experiment:
+    """One run: the round loop of the configured algorithm plus the evaluation protocol."""
+
+    def __init__(self, grid: Grid, cfg: DictConfig) -> None:
+        self.grid, self.cfg = grid, cfg
+        self.start = time.monotonic()
+        self.algorithm: Algorithm = ALGORITHMS[cfg.algorithm]
+        if cfg.finetune.enabled and not self.algorithm.supports_finetune:
+            supported = [n for n, a in ALGORITHMS.items() if a.supports_finetune]
+            raise ConfigError(f"finetune.enabled: +FT is available for {', '.join(supported)}, not '{cfg.algorithm}'")
+        self.data = build_federated_data(cfg.data, int(cfg.seed))
+        bundle = self.data.bundle
+        torch.manual_seed(int(cfg.seed))
+        self.model = build_model(cfg.model.name, tuple(bundle.input_shape), int(bundle.num_classes))
+        head_groups(cfg, self.model)
+        self.trainable = [p for p in range(self.data.num_clients) if p not in set(self.data.new_clients)]
+        self.num_sampled = clients_per_round(cfg)
+        self.traffic = Traffic()
+        self.out_dir = output_dir(cfg)
+        self.recorder = RunRecorder(self.out_dir, cfg)
+        self.name = f"{cfg.experiment}-{cfg.algorithm}-s{cfg.seed}"
+        self.tracker = Tracker(cfg, self.out_dir, self.name)
+        self.evaluator = ServerEvaluator(self.data, self.model, cfg)
+        self.strategy = self.algorithm.make_strategy(cfg)
+        if self.algorithm.shared_keys is None:
+            self.arrays = ArrayRecord()
+        else:
+            state = self.model.state_dict()
+            self.arrays = ArrayRecord({k: state[k].detach().clone() for k in self.algorithm.shared_keys(self.model, cfg)})
+
+    # -- phases ---------------------------------------------------------------------------
+    def train_round(self, t: int, fed: Federation) -> dict:
+        pids = sample_clients(self.trainable, self.num_sampled, int(self.cfg.seed), t)
+        config = ConfigRecord({"lr": float(self.cfg.train.lr) * float(self.cfg.train.lr_decay) ** (t - 1)})
+        messages = list(self.strategy.configure_train(t, self.arrays, config, NodeSubset(self.grid, fed.nodes(pids))))
+        replies, failed = exchange(self.grid, messages, self.traffic, fed, "train")
+        new_arrays, metrics = self.strategy.aggregate_train(t, replies)
+        if new_arrays is not None:
+            for key in new_arrays:
+                self.arrays[key] = new_arrays[key]
+        record = {"round": t, "phase": "train", "clients": pids, "failed_clients": failed}
+        if metrics is not None:
+            record.update({k: float(v) for k, v in metrics.items()})
+        return record
+
+    def evaluate_round(self, t: int, fed: Federation) -> dict:
+        record: dict = {"round": t, "phase": "eval"}
+        if self.algorithm.shared_keys is not None:
+            self.evaluator.load(self.arrays)
+            record["global_accuracy"], record["global_loss"] = self.evaluator.global_metric()
+        if self.algorithm.evaluate is None:
+            accs, losses = self.evaluator.per_client(self.trainable)
+            failed: list[int] = []
+        else:
+            content = RecordDict({CONFIG: ConfigRecord({"server-round": t})})
+            if self.algorithm.shared_keys is not None:
+                content[ARRAYS] = self.arrays
+            messages = [Message(content, dst_node_id=n, message_type="evaluate") for n in fed.nodes(self.trainable)]
+            replies, failed = exchange(self.grid, messages, self.traffic, fed, "evaluate")
+            accs, losses = metric_of(replies, fed, "accuracy"), metric_of(replies, fed, "loss")
+        spread = client_spread(accs.values()) if accs else {}
+        record.update(
+            personalized_accuracy=spread.get("mean"),
+            personalized_accuracy_std=spread.get("std"),
+            personalized_accuracy_worst10=spread.get("worst10"),
+            personalized_loss=float(np.mean(list(losses.values()))) if losses else None,
+            client_accuracy={str(k): v for k, v in sorted(accs.items())},
+            failed_clients=failed,
+        )
+        return record
+
+    def finetune_phase(self, fed: Federation) -> dict:
+        content = RecordDict({ARRAYS: self.arrays, CONFIG: ConfigRecord({"epochs": int(self.cfg.finetune.epochs)})})
+        messages = [Message(content, dst_node_id=n, message_type="train.finetune") for n in fed.nodes(self.trainable)]
+        replies, failed = exchange(self.grid, messages, self.traffic, fed, "finetune")
+        before, after = metric_of(replies, fed, "accuracy_before"), metric_of(replies, fed, "accuracy_after")
+        return {
+            "round": int(self.cfg.rounds),
+            "phase": "finetune",
+            "accuracy_before": client_spread(before.values())["mean"] if before else None,
+            "accuracy_after": client_spread(after.values())["mean"] if after else None,
+            "accuracy_after_std": client_spread(after.values())["std"] if after else None,
+            "accuracy_after_worst10": client_spread(after.values())["worst10"] if after else None,
+            "client_accuracy_after": {str(k): v for k, v in sorted(after.items())},
+            "failed_clients": failed,
+        }
+
+    def should_evaluate(self, t: int) -> bool:
+        cfg = self.cfg
+        return t % int(cfg.eval.every) == 0 or t > int(cfg.rounds) - int(cfg.eval.final_window) or t == 1
+
+    # -- main loop ------------------------------------------------------------------------
+    def run(self) -> dict:
+        cfg = self.cfg
+        rounds = int(cfg.rounds)
+        log(INFO, "[flrep] %s: %s on %s, %d clients (%d per round), %d rounds -> %s",
+            cfg.experiment, cfg.algorithm, cfg.data.name, self.data.num_clients, self.num_sampled, rounds, self.out_dir)
+        fed = connect(self.grid, self.data.num_clients, self.traffic)
+        loop_start = time.monotonic()
+        for t in range(1, rounds + 1):
+            train_record = self.train_round(t, fed)
+            elapsed = time.monotonic() - self.start
+            train_record.update(self.traffic.as_dict(), elapsed_s=elapsed)
+            self.recorder.log(train_record)
+            self.tracker.log({f"train/{k}": v for k, v in train_record.items()}, step=t)
+            if self.should_evaluate(t):
+                eval_record = self.evaluate_round(t, fed)
+                eval_record.update(self.traffic.as_dict(), elapsed_s=time.monotonic() - self.start)
+                self.recorder.log(eval_record)
+                self.tracker.log({f"eval/{k}": v for k, v in eval_record.items()}, step=t)
+                eta = (time.monotonic() - loop_start) / t * (rounds - t)
+                log(INFO, "[flrep] round %d/%d | personalized acc %s | global acc %s | elapsed %.1fs | ETA %.1fs",
+                    t, rounds, _fmt(eval_record["personalized_accuracy"]), _fmt(eval_record.get("global_accuracy")),
+                    time.monotonic() - self.start, eta)
+        finetune = None
+        if cfg.finetune.enabled:
+            finetune = self.finetune_phase(fed)
+            finetune.update(self.traffic.as_dict(), elapsed_s=time.monotonic() - self.start)
+            self.recorder.log(finetune)
+            log(INFO, "[flrep] +FT: personalized acc before %s, after %s fine-tuning",
+                _fmt(finetune["accuracy_before"]), _fmt(finetune["accuracy_after"]))
+        summary = self.summary(finetune)
+        self.recorder.write_summary(summary)
+        self.recorder.plot(self.name)
+        self.tracker.finish(summary)
+        log(INFO, "[flrep] personalized accuracy (final %d rounds) %s, global accuracy %s, %.1fs",
+            int(cfg.eval.final_window), _fmt(summary["personalized_accuracy"]), _fmt(summary["global_accuracy"]), summary["wall_time_s"])
+        log(INFO, "[flrep] outputs: %s", self.out_dir)
+        return summary
+
+    def summary(self, finetune: dict | None) -> dict:
+        cfg = self.cfg
+        evals = [r for r in self.recorder.records if r["phase"] == "eval"]
+        rounds = [r["round"] for r in evals]
+        window = int(cfg.eval.final_window)
+
+        def final(key: str) -> float | None:
+            return final_window_mean(rounds, [r.get(key) for r in evals], int(cfg.rounds), window)
+
+        trains = [r for r in self.recorder.records if r["phase"] == "train"]
+        summary = {
+            "status": "completed",
+            "experiment": cfg.experiment,
+            "algorithm": cfg.algorithm,
+            "dataset": cfg.data.name,
+            "model": cfg.model.name,
+            "num_clients": self.data.num_clients,
+            "clients_per_round": self.num_sampled,
+            "rounds": int(cfg.rounds),
+            "seed": int(cfg.seed),
+            "personalized_accuracy": final("personalized_accuracy"),
+            "personalized_accuracy_std": final("personalized_accuracy_std"),
+            "personalized_accuracy_worst10": final("personalized_accuracy_worst10"),
+            "personalized_loss": final("personalized_loss"),
+            "global_accuracy": final("global_accuracy"),
+            "global_accuracy_last": evals[-1].get("global_accuracy") if evals else None,
+            "final_window": window,
+            "failed_client_replies": sum(len(r["failed_clients"]) for r in self.recorder.records),
+            "rounds_without_update": sum(1 for r in trains if len(r["failed_clients"]) == len(r["clients"])),
+            "wall_time_s": time.monotonic() - self.start,
+            "out_dir": str(self.out_dir),
+        }
+        summary.update(self.traffic.as_dict())
+        if finetune is not None:
+            summary["finetune_accuracy_before"] = finetune["accuracy_before"]
+            summary["finetune_accuracy_after"] = finetune["accuracy_after"]
+            summary["finetune_accuracy_after_std"] = finetune["accuracy_after_std"]
+            summary["finetune_accuracy_after_worst10"] = finetune["accuracy_after_worst10"]
+        return summary
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4f}"
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Load and validate the configuration, then run the experiment."""
+    cfg = run_config_of(context.run_config)
+    Experiment(grid, cfg).run()

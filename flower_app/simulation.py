@@ -1,0 +1,63 @@
+"""Blocking runs of this Flower app in Flower's simulation engine.
+
+``flwr run .`` streams logs from a detached local SuperLink and exits 0 even when the
+ServerApp crashed. For tests, sweeps and benchmarks, :func:`run_blocking` starts the same
+ServerApp/ClientApp components (read from ``[tool.flwr.app.components]``) in Flower's
+simulation runtime inside this process, waits for the end and raises when the run failed.
+It uses the runtime entry point that ``flwr-simulation`` itself calls, so a Flower
+upgrade must be checked against it (flwr is pinned in pyproject.toml).
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from flwr.app import Context, RecordDict
+from flwr.common.config import get_fused_config_from_dir, get_project_config
+from flwr.server.superlink.linkstate.utils import generate_rand_int_from_bytes
+from flwr.simulation.run_simulation import _run_simulation
+from flwr.supercore.constant import NOOP_FEDERATION_ID
+from flwr.supercore.run import Run
+from flwr.supercore.task_identity import TaskIdentity
+from flwr.common.constant import SUPERLINK_NODE_ID
+from flwr.supercore.telemetry import EventType
+
+APP_DIR = Path(__file__).resolve().parents[1]
+
+
+def run_blocking(experiment: str, overrides: list[str], num_supernodes: int, client_cpus: float, client_gpus: float) -> None:
+    """Run the app in the simulation engine until it ends; raise if the ServerApp failed."""
+    if not (APP_DIR / "pyproject.toml").is_file():
+        raise RuntimeError(f"flrep run needs the app's source tree (pyproject.toml) at {APP_DIR}; install with 'pip install -e .'")
+    components = get_project_config(APP_DIR)["tool"]["flwr"]["app"]["components"]
+    override = {"experiment": experiment, "overrides": shlex.join(overrides)}
+    run = Run.create_empty(run_id=generate_rand_int_from_bytes(8))
+    run.override_config = override
+    run.primary_task_id = generate_rand_int_from_bytes(8)
+    run.federation_id = NOOP_FEDERATION_ID
+    TaskIdentity.task_id = run.primary_task_id
+    TaskIdentity.run_id = run.run_id
+    TaskIdentity.node_id = SUPERLINK_NODE_ID
+    context = Context(
+        run_id=run.run_id,
+        node_id=0,
+        node_config={},
+        state=RecordDict(),
+        run_config=get_fused_config_from_dir(APP_DIR, override),
+    )
+    backend_config = {
+        "client_resources": {"num_cpus": client_cpus, "num_gpus": client_gpus},
+        "init_args": {"logging_level": "ERROR", "log_to_driver": True},
+    }
+    _run_simulation(
+        num_supernodes=num_supernodes,
+        exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
+        server_app_attr=components["serverapp"],
+        client_app_attr=components["clientapp"],
+        backend_config=backend_config,
+        app_dir=str(APP_DIR),
+        run=run,
+        server_app_context=context,
+        is_app=True,
+    )
