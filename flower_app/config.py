@@ -161,3 +161,19 @@ def head_groups(cfg: DictConfig, model) -> list[str]:
     model.check_groups(head, "model.head")
     model.split_at(head, "model.head")
     return head
+
+
+def validate_with_data(cfg: DictConfig):
+    """Load the data and build the model once: data-path, file-format and layer-name errors
+    surface here, before any round. Returns the FederatedData."""
+    import torch
+
+    from task.federated_data import build_federated_data
+    from task.models import build_model
+
+    fed = build_federated_data(cfg.data, int(cfg.seed))
+    bundle = fed.bundle
+    torch.manual_seed(int(cfg.seed))
+    model = build_model(cfg.model.name, tuple(bundle.input_shape), int(bundle.num_classes))
+    head_groups(cfg, model)
+    return fed
