@@ -164,8 +164,8 @@ def head_groups(cfg: DictConfig, model) -> list[str]:
 
 
 def validate_with_data(cfg: DictConfig):
-    """Load the data and build the model once: data-path, file-format and layer-name errors
-    surface here, before any round. Returns the FederatedData."""
+    """Load the data and build the seeded initial model: data-path, file-format and
+    layer-name errors surface here, before any round. Returns (FederatedData, model)."""
     import torch
 
     from task.federated_data import build_federated_data
@@ -176,4 +176,4 @@ def validate_with_data(cfg: DictConfig):
     torch.manual_seed(int(cfg.seed))
     model = build_model(cfg.model.name, tuple(bundle.input_shape), int(bundle.num_classes))
     head_groups(cfg, model)
-    return fed
+    return fed, model

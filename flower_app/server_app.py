@@ -14,7 +14,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 from omegaconf import DictConfig
 
-from flower_app.config import clients_per_round, head_groups, run_config_of
+from flower_app.config import clients_per_round, run_config_of, validate_with_data
 from flower_app.federation import Federation, NodeSubset, Traffic, connect, exchange, metric_of
 from flower_app.results import RunRecorder
 from flower_app.tracking import Tracker
@@ -23,9 +23,9 @@ from strategies.base import Algorithm
 from strategies.common import ARRAYS, CONFIG
 from task.engine import TensorData, evaluate
 from task.errors import ConfigError
-from task.federated_data import FederatedData, build_federated_data
+from task.federated_data import FederatedData
 from task.metrics import client_spread, final_window_mean
-from task.models import SplitModel, build_model
+from task.models import SplitModel
 from task.sampling import sample_clients
 
 app = ServerApp()
@@ -81,11 +81,7 @@ class Experiment:
         if cfg.finetune.enabled and not self.algorithm.supports_finetune:
             supported = [n for n, a in ALGORITHMS.items() if a.supports_finetune]
             raise ConfigError(f"finetune.enabled: +FT is available for {', '.join(supported)}, not '{cfg.algorithm}'")
-        self.data = build_federated_data(cfg.data, int(cfg.seed))
-        bundle = self.data.bundle
-        torch.manual_seed(int(cfg.seed))
-        self.model = build_model(cfg.model.name, tuple(bundle.input_shape), int(bundle.num_classes))
-        head_groups(cfg, self.model)
+        self.data, self.model = validate_with_data(cfg)
         self.trainable = [p for p in range(self.data.num_clients) if p not in set(self.data.new_clients)]
         self.num_sampled = clients_per_round(cfg)
         self.traffic = Traffic()
