@@ -2,7 +2,8 @@
 
 A run's configuration is ``conf/base.yaml`` merged with ``conf/experiment/<name>.yaml``
 and then with dotted ``key=value`` overrides. Flower's run-config carries two strings:
-``experiment`` and ``overrides`` (space-separated ``key=value`` pairs).
+``experiment`` and ``overrides`` (space-separated ``key=value`` pairs). A relative ``data.root`` is
+resolved against the project directory (where ``pyproject.toml`` lives).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from task.errors import ConfigError
 from task.models import MODEL_NAMES
 from task.sources import DATASET_NAMES
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+PROJECT_DIR = Path(__file__).resolve().parents[1]
+CONF_DIR = PROJECT_DIR / "conf"
 SERVER_OPTS = ("none", "fedavgm", "fedadam")
 FINETUNE_PARTS = ("head", "full")
 DEVICES = ("auto", "cpu", "cuda")
@@ -61,6 +63,8 @@ def load_config(experiment: str, overrides: str | Iterable[str] = ()) -> DictCon
         raise ConfigError(f"{key}: {err.msg}") from None
     OmegaConf.set_struct(cfg, False)
     cfg.experiment = experiment
+    if cfg.data.root is not None and not Path(str(cfg.data.root)).expanduser().is_absolute():
+        cfg.data.root = str((PROJECT_DIR / str(cfg.data.root)).resolve())
     validate(cfg)
     return cfg
 

@@ -1,0 +1,19 @@
+"""Shared test fixtures."""
+
+from pathlib import Path
+
+import pytest
+
+SHARED_DATASETS = Path(__file__).resolve().parents[1] / ".." / "shared" / "datasets"
+
+
+@pytest.fixture(autouse=True)
+def flower_task_identity():
+    """Messages built outside a running app need a task identity (as Flower's runtime sets)."""
+    from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.task_id = 1
+    TaskIdentity.run_id = 1
+    TaskIdentity.node_id = SUPERLINK_NODE_ID
+    yield

@@ -1,0 +1,136 @@
+"""Algorithms: client halves against centralized SGD, server halves' aggregation, wire contents."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from torch.nn import functional as F
+
+from flower_app.config import load_config
+from flower_app.federation import NodeSubset, Traffic, exchange, payload_size
+from strategies import ALGORITHMS
+from strategies.common import ARRAYS, CONFIG, METRICS, ClientRuntime, reply
+from strategies.finetune import finetune
+from task.engine import TensorData
+from task.models import build_model
+
+
+def make_runtime(overrides=(), n=20, seed=0):
+    cfg = load_config("quickstart", list(overrides))
+    torch.manual_seed(cfg.seed)
+    model = build_model("digits_mlp", (1, 8, 8), 10)
+    g = torch.Generator().manual_seed(seed)
+    train = TensorData(torch.randn(n, 1, 8, 8, generator=g), torch.randint(0, 10, (n,), generator=g))
+    test = TensorData(torch.randn(10, 1, 8, 8, generator=g), torch.randint(0, 10, (10,), generator=g))
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    return ClientRuntime(cfg, 0, torch.device("cpu"), train, test, model, ["fc2"], initial)
+
+
+def train_message(rt, arrays, server_round=1, **config):
+    cfg = ConfigRecord({"server-round": server_round, "lr": float(rt.cfg.train.lr), **config})
+    return RecordDict({ARRAYS: arrays, CONFIG: cfg})
+
+
+def test_fedavg_one_client_one_step_equals_centralized_sgd():
+    rt = make_runtime(["train.local_steps=1", "train.batch_size=20", "train.momentum=0.9", "train.lr=0.1"])
+    global_model = copy.deepcopy(rt.model)
+    arrays = ArrayRecord(global_model.state_dict())
+    strategy = ALGORITHMS["fedavg"].make_strategy(rt.cfg)
+    out_msg = Message(train_message(rt, arrays), dst_node_id=1, message_type="train")
+    client_reply = Message(ALGORITHMS["fedavg"].train(rt, out_msg.content), reply_to=out_msg)
+    aggregated, _ = strategy.aggregate_train(1, [client_reply])
+
+    reference = copy.deepcopy(global_model)
+    opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    opt.zero_grad()
+    F.cross_entropy(reference(rt.train.x), rt.train.y).backward()
+    opt.step()
+    for key, value in reference.state_dict().items():
+        np.testing.assert_allclose(aggregated[key].numpy(), value.numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_fedavg_aggregation_is_weighted_by_examples():
+    strategy = ALGORITHMS["fedavg"].make_strategy(load_config("quickstart"))
+    out = Message(RecordDict({CONFIG: ConfigRecord()}), dst_node_id=1, message_type="train")
+    a = reply(ArrayRecord({"w": torch.full((3,), 1.0)}), **{"num-examples": 10})
+    b = reply(ArrayRecord({"w": torch.full((3,), 5.0)}), **{"num-examples": 30})
+    aggregated, _ = strategy.aggregate_train(1, [Message(a, reply_to=out), Message(b, reply_to=out)])
+    np.testing.assert_allclose(aggregated["w"].numpy(), np.full(3, (10 * 1 + 30 * 5) / 40))
+
+
+def test_fedprox_server_sends_mu_and_client_uses_it():
+    cfg = load_config("quickstart", ["algorithm=fedprox", "fedprox.mu=0.7"])
+    strategy = ALGORITHMS["fedprox"].make_strategy(cfg)
+    msgs = list(strategy.configure_train(1, ArrayRecord(), ConfigRecord(), NodeSubset(None, [11, 12])))
+    assert sorted(m.metadata.dst_node_id for m in msgs) == [11, 12]
+    assert msgs[0].content[CONFIG]["proximal-mu"] == pytest.approx(0.7)
+    # the client result depends on mu
+    results = []
+    for mu in (0.0, 5.0):
+        rt = make_runtime(["train.local_epochs=3"])
+        arrays = ArrayRecord(rt.model.state_dict())
+        results.append(ALGORITHMS["fedprox"].train(rt, train_message(rt, arrays, **{"proximal-mu": mu}))[ARRAYS])
+    assert not np.allclose(results[0]["fc1.1.weight"].numpy(), results[1]["fc1.1.weight"].numpy())
+
+
+def test_local_only_sends_no_arrays_and_keeps_its_model():
+    rt = make_runtime(["algorithm=local_only"])
+    strategy = ALGORITHMS["local_only"].make_strategy(rt.cfg)
+    msgs = list(strategy.configure_train(1, ArrayRecord(), ConfigRecord({"lr": 0.05}), NodeSubset(None, [5])))
+    assert payload_size(msgs[0].content) == (0, 0)
+    content = ALGORITHMS["local_only"].train(rt, msgs[0].content)
+    assert payload_size(content) == (0, 0)
+    kept = rt.state["local-model"]["fc1.1.weight"].numpy()
+    assert not np.allclose(kept, rt.initial_state["fc1.1.weight"].numpy())
+    rt.reset_model()  # evaluation must use the kept model, not whatever the model object holds
+    metrics = ALGORITHMS["local_only"].evaluate(rt, RecordDict())[METRICS]
+    rt.load(rt.state["local-model"])
+    assert metrics["accuracy"] == pytest.approx(rt.evaluate_local()["accuracy"])
+
+
+def test_finetune_reports_before_and_after_and_moves_only_the_head():
+    rt = make_runtime(["finetune.enabled=true", "finetune.epochs=20", "finetune.part=head"])
+    arrays = ArrayRecord(rt.model.state_dict())
+    out = finetune(rt, RecordDict({ARRAYS: arrays}))[METRICS]
+    assert {"accuracy_before", "accuracy_after", "num-examples"} <= set(out.keys())
+    tuned = rt.state["finetuned-model"]
+    np.testing.assert_array_equal(tuned["fc1.1.weight"].numpy(), arrays["fc1.1.weight"].numpy())
+    assert not np.allclose(tuned["fc2.weight"].numpy(), arrays["fc2.weight"].numpy())
+
+
+class FakeGrid:
+    """Replies from a function of the message; ``None`` drops the reply."""
+
+    def __init__(self, answer):
+        self.answer = answer
+
+    def send_and_receive(self, messages):
+        return [r for r in (self.answer(m) for m in messages) if r is not None]
+
+
+def test_failed_clients_are_logged_and_left_out_of_the_aggregate():
+    from flower_app.federation import Federation
+
+    fed = Federation({0: 100, 1: 101, 2: 102})
+
+    def answer(msg):
+        node = msg.metadata.dst_node_id
+        if node == 101:
+            return _error_reply(msg)
+        if node == 102:
+            return None
+        return Message(reply(ArrayRecord({"w": torch.ones(2)}), **{"num-examples": 4}), reply_to=msg)
+
+    msgs = [Message(RecordDict({CONFIG: ConfigRecord()}), dst_node_id=n, message_type="train") for n in (100, 101, 102)]
+    good, failed = exchange(FakeGrid(answer), msgs, Traffic(), fed, "train")
+    assert failed == [1, 2]
+    aggregated, _ = ALGORITHMS["fedavg"].make_strategy(load_config("quickstart")).aggregate_train(1, good)
+    np.testing.assert_allclose(aggregated["w"].numpy(), np.ones(2))
+
+
+def _error_reply(msg):
+    from flwr.app import Error
+
+    return Message(Error(code=0, reason="client crashed"), reply_to=msg)
