@@ -14,13 +14,12 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 from omegaconf import DictConfig
 
-from flower_app.config import head_groups, run_config_of
+from flower_app.config import head_groups, initial_model, run_config_of
 from strategies import ALGORITHMS
 from strategies.common import ClientRuntime, reply
 from strategies.finetune import finetune
 from task.engine import TensorData
 from task.federated_data import build_federated_data
-from task.models import build_model
 
 app = ClientApp()
 
@@ -42,8 +41,7 @@ def _worker_cache(experiment: str, overrides: str):
     bundle = fed.bundle
     train = TensorData.from_arrays(bundle.train.x, bundle.train.y, device)
     test = TensorData.from_arrays(bundle.test.x, bundle.test.y, device)
-    torch.manual_seed(int(cfg.seed))
-    model = build_model(cfg.model.name, tuple(bundle.input_shape), int(bundle.num_classes)).to(device)
+    model = initial_model(cfg, bundle).to(device)
     head = head_groups(cfg, model)
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
     return cfg, fed, train, test, model, head, initial, device

@@ -170,14 +170,19 @@ def head_groups(cfg: DictConfig, model) -> list[str]:
 def validate_with_data(cfg: DictConfig):
     """Load the data and build the seeded initial model: data-path, file-format and
     layer-name errors surface here, before any round. Returns (FederatedData, model)."""
-    import torch
-
     from task.federated_data import build_federated_data
-    from task.models import build_model
 
     fed = build_federated_data(cfg.data, int(cfg.seed))
-    bundle = fed.bundle
-    torch.manual_seed(int(cfg.seed))
-    model = build_model(cfg.model.name, tuple(bundle.input_shape), int(bundle.num_classes))
+    model = initial_model(cfg, fed.bundle)
     head_groups(cfg, model)
     return fed, model
+
+
+def initial_model(cfg: DictConfig, bundle):
+    """The run's model with its seeded initial weights (identical on server and clients)."""
+    import torch
+
+    from task.models import build_model
+
+    torch.manual_seed(int(cfg.seed))
+    return build_model(cfg.model.name, tuple(bundle.input_shape), int(bundle.num_classes), rep_dim=int(cfg.data.synthetic.k))

@@ -1,0 +1,186 @@
+"""The federated view of a dataset: which train/test samples belong to which client.
+
+``build_federated_data(data_cfg, seed)`` loads the source (:func:`task.sources.load_source`),
+partitions the train split (:func:`task.partition.partition_train`) and gives each client a
+local test set, then returns a :class:`FederatedData`. The result is a pure function of
+``(data_cfg, seed)``, so every algorithm run with the same config and seed sees the same
+clients.
+
+Config keys (under ``data.``; the source and partition keys are documented in
+:mod:`task.sources` and :mod:`task.partition`):
+
+``num_clients``
+    Int >= 1, default 100. Partition ids are ``0 .. num_clients-1``.
+``num_new_clients``
+    Int in ``[0, num_clients)``, default 0: the last ``num_new_clients`` partition ids are
+    "new clients", never sampled for training (``FederatedData.new_clients``).
+``test_per_client``
+    Null (default) or int >= 1: local test-set size per client. Null means proportional,
+    ``round(len(test) / len(train) * len(train_i))``. Local test sets have the client's
+    train label distribution (:func:`task.partition.matched_test_split`); for ``natural``
+    partitions of data with per-group test samples (femnist, synthetic_linear) each client
+    instead gets all test samples of its own group, and ``test_per_client`` is ignored.
+
+Caching: results are memoised in-process (keyed by the canonical JSON of the config and
+the seed) and the partition index arrays are stored on disk as
+``<cache_dir>/partitions/<sha256>.npz`` keyed by a content hash of the config, the seed and
+a fingerprint of the train/test labels and groups, so a second process only has to load
+the source arrays.
+
+For ``synthetic_linear`` the ``natural`` partition reproduces
+:func:`task.synthetic.make_linear_tasks`'s per-client tasks exactly (client ``i`` = task ``i``).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from task.errors import ConfigError
+from task.partition import group_test_split, matched_test_split, partition_scheme, partition_train
+from task.sources import (
+    DataBundle,
+    cache_dir_from_cfg,
+    get_int,
+    load_npz,
+    load_source,
+    save_npz_atomic,
+    to_plain,
+)
+
+DEFAULT_NUM_CLIENTS = 100
+_PARTITION_CACHE_VERSION = 1
+
+
+@dataclass
+class FederatedData:
+    """Per-client index arrays into a shared :class:`DataBundle` (treat as read-only)."""
+
+    bundle: DataBundle
+    client_train: list[np.ndarray]
+    client_test: list[np.ndarray]
+    global_test: np.ndarray
+    new_clients: list[int]
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.client_train)
+
+
+def _canonical(data_cfg: Mapping, seed: int) -> str:
+    if not isinstance(data_cfg, Mapping):
+        raise ConfigError(f"data: expected a mapping of data options, got {type(data_cfg).__name__}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or int(seed) < 0:
+        raise ConfigError(f"seed={seed!r} is invalid: expected an integer >= 0")
+    try:
+        return json.dumps({"data": to_plain(data_cfg), "seed": int(seed)}, sort_keys=True)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"data: config values must be plain scalars, lists or mappings ({exc})") from exc
+
+
+def build_federated_data(data_cfg: Mapping, seed: int) -> FederatedData:
+    """Load, partition and split the dataset of ``data_cfg`` for run seed ``seed``."""
+    return _build_cached(_canonical(data_cfg, seed))
+
+
+def clear_caches() -> None:
+    """Drop the in-process caches (the on-disk caches stay)."""
+    _build_cached.cache_clear()
+    _load_source_cached.cache_clear()
+
+
+def source_key(data_cfg: Mapping) -> str:
+    """Canonical JSON of the config keys that determine the loaded arrays."""
+    plain = to_plain(data_cfg)
+    ignore = {"partition", "classes_per_client", "class_assignment_mode", "dirichlet_alpha", "min_partition_size",
+              "dirichlet_self_balancing", "shards_per_client", "shard_size", "num_new_clients", "test_per_client"}
+    if plain.get("name") != "synthetic_linear":
+        ignore.add("num_clients")
+    return json.dumps({k: v for k, v in plain.items() if k not in ignore}, sort_keys=True)
+
+
+@functools.lru_cache(maxsize=4)
+def _load_source_cached(key: str) -> DataBundle:
+    return load_source(json.loads(key))
+
+
+def _labels_fingerprint(bundle: DataBundle) -> str:
+    h = hashlib.sha256()
+    for arr in (bundle.train.y, bundle.test.y, bundle.train.group, bundle.test.group):
+        if arr is None:
+            h.update(b"none")
+        else:
+            a = np.ascontiguousarray(arr)
+            h.update(f"{a.dtype.str}{a.shape}".encode())
+            h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def _pack(parts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    lengths = np.array([len(p) for p in parts], dtype=np.int64)
+    flat = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+    return flat, lengths
+
+
+def _unpack(flat: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
+    return [np.asarray(p, dtype=np.int64) for p in np.split(flat, np.cumsum(lengths)[:-1])]
+
+
+@functools.lru_cache(maxsize=8)
+def _build_cached(key: str) -> FederatedData:
+    spec = json.loads(key)
+    data_cfg, seed = spec["data"], spec["seed"]
+    num_clients = get_int(data_cfg, "num_clients", DEFAULT_NUM_CLIENTS, lo=1)
+    num_new = get_int(data_cfg, "num_new_clients", 0, lo=0)
+    if num_new >= num_clients:
+        raise ConfigError(
+            f"data.num_new_clients={num_new} is invalid: expected an integer in [0, data.num_clients={num_clients})"
+        )
+    per_client = get_int(data_cfg, "test_per_client", None, lo=1)
+    scheme = partition_scheme(data_cfg)
+    cache_dir = cache_dir_from_cfg(data_cfg)
+
+    bundle = _load_source_cached(source_key(data_cfg))
+
+    digest = hashlib.sha256(
+        json.dumps(
+            {"v": _PARTITION_CACHE_VERSION, "cfg": data_cfg, "seed": seed, "labels": _labels_fingerprint(bundle)},
+            sort_keys=True,
+        ).encode()
+    ).hexdigest()
+    cache_file = cache_dir / "partitions" / f"{digest}.npz"
+    cached = load_npz(cache_file)
+    if cached is not None and {"train_flat", "train_len", "test_flat", "test_len"} <= cached.keys():
+        client_train = _unpack(cached["train_flat"], cached["train_len"])
+        client_test = _unpack(cached["test_flat"], cached["test_len"])
+    else:
+        natural_test = scheme == "natural" and bundle.train.group is not None and bundle.test.group is not None
+        if bundle.task == "regression" and not natural_test:
+            raise ConfigError(
+                f"data.partition={scheme!r} is not supported for the regression dataset "
+                f"data.name={data_cfg.get('name')!r}: use data.partition=natural"
+            )
+        client_train = partition_train(bundle.train.y, bundle.train.group, data_cfg, num_clients, seed)
+        if natural_test:
+            client_test = group_test_split(client_train, bundle.train.group, bundle.test.group)
+        else:
+            client_test = matched_test_split(client_train, bundle.train.y, bundle.test.y, per_client, seed)
+        tf, tl = _pack(client_train)
+        sf, sl = _pack(client_test)
+        save_npz_atomic(cache_file, train_flat=tf, train_len=tl, test_flat=sf, test_len=sl)
+
+    return FederatedData(
+        bundle=bundle,
+        client_train=client_train,
+        client_test=client_test,
+        global_test=np.arange(len(bundle.test.y), dtype=np.int64),
+        new_clients=list(range(num_clients - num_new, num_clients)),
+    )
+
+
+__all__ = ["FederatedData", "build_federated_data", "clear_caches"]

@@ -1,0 +1,106 @@
+"""Every configuration error stops the run before round 1 with a message naming the key."""
+
+import pytest
+from flwr.app import Message
+
+from flower_app.cli import main as flrep
+from flower_app.config import clients_per_round, load_config, validate_with_data
+from flower_app.federation import Traffic, connect
+from strategies.common import reply
+from task.errors import ConfigError
+from task.sampling import sample_clients
+
+
+def error_of(*overrides, experiment="quickstart"):
+    with pytest.raises(ConfigError) as info:
+        validate_with_data(load_config(experiment, list(overrides)))
+    return str(info.value)
+
+
+@pytest.mark.parametrize(
+    "override, key, allowed",
+    [
+        ("algorithm=fedrepp", "algorithm", "fedavg"),
+        ("data.name=imagenet", "data.name", "mnist"),
+        ("model.name=vgg", "model.name", "lenet5"),
+        ("train.lr=0", "train.lr", "positive"),
+        ("train.lr=-0.1", "train.lr", "positive"),
+        ("train.fraction=0", "train.fraction", "(0, 1]"),
+        ("train.fraction=1.5", "train.fraction", "(0, 1]"),
+        ("rounds=0", "rounds", "positive integer"),
+        ("train.batch_size=2.5", "train.batch_size", "positive integer"),
+        ("server_opt.name=sgdm", "server_opt.name", "fedadam"),
+        ("data.num_new_clients=20", "data.num_new_clients", "no training client"),
+        ("model.head=[fc9]", "model.head", "fc1"),
+        ("model.head=[fc1]", "model.head", "suffix"),
+    ],
+)
+def test_bad_values_name_the_key_and_what_is_allowed(override, key, allowed):
+    message = error_of(override)
+    assert key in message and allowed in message
+
+
+def test_unknown_key_and_unknown_experiment():
+    assert "trian" in error_of("trian.lr=0.1")
+    with pytest.raises(ConfigError, match="experiment.*quickstart"):
+        load_config("no_such_experiment")
+    with pytest.raises(ConfigError, match="key=value"):
+        load_config("quickstart", ["rounds"])
+
+
+def test_missing_data_path_is_named(tmp_path):
+    message = error_of("data.name=mnist", f"data.root={tmp_path / 'nowhere'}")
+    assert "data.root" in message and "nowhere" in message
+
+
+def test_malformed_data_file_is_named(tmp_path):
+    for name in ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"):
+        (tmp_path / name).write_bytes(b"not a gzip file")
+    message = error_of("data.name=mnist", f"data.root={tmp_path}", "model.name=mlp_mnist")
+    assert "gzip" in message and str(tmp_path) in message
+
+
+def test_relative_data_root_resolves_against_the_project():
+    cfg = load_config("lg_mnist_fedavg")
+    assert cfg.data.root.endswith("shared/datasets/mnist") and cfg.data.root.startswith("/")
+
+
+def test_more_clients_than_supernodes_is_refused_before_round_one():
+    class Grid:
+        def get_node_ids(self):
+            return [1, 2, 3]
+
+    with pytest.raises(ConfigError, match="data.num_clients.*20 clients.*3 SuperNodes"):
+        connect(Grid(), 20, Traffic(), wait_s=0)
+
+
+def test_handshake_maps_partitions_to_nodes():
+    class Grid:
+        def get_node_ids(self):
+            return [7, 9]
+
+        def send_and_receive(self, messages):
+            pid = {7: 1, 9: 0}
+            return [Message(reply(None, **{"partition-id": pid[m.metadata.dst_node_id]}), reply_to=m) for m in messages]
+
+    fed = connect(Grid(), 2, Traffic(), wait_s=0)
+    assert fed.node_of == {0: 9, 1: 7}
+
+
+def test_cli_exits_non_zero_on_config_error(capsys):
+    assert flrep(["run", "quickstart", "train.lr=-1"]) == 2
+    assert "train.lr" in capsys.readouterr().err
+
+
+def test_sampling_is_a_pure_function_of_seed_and_round():
+    cfg = load_config("quickstart")
+    k = clients_per_round(cfg)
+    assert k == 5
+    a = [sample_clients(range(20), k, 0, t) for t in range(1, 30)]
+    b = [sample_clients(range(20), k, 0, t) for t in range(1, 30)]
+    c = [sample_clients(range(20), k, 1, t) for t in range(1, 30)]
+    assert a == b and a != c
+    assert all(len(set(s)) == k for s in a)
+    # every client is picked at some point
+    assert set().union(*map(set, a)) == set(range(20))
+

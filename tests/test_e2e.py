@@ -1,0 +1,78 @@
+"""End-to-end runs of the Flower app in the simulation engine through the `flrep` command."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+SUMMARY_KEYS = {
+    "algorithm", "dataset", "num_clients", "rounds", "personalized_accuracy", "personalized_accuracy_std",
+    "personalized_accuracy_worst10", "global_accuracy", "bytes_up", "bytes_down", "wall_time_s", "seed",
+}
+
+
+def flrep_run(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "flower_app.cli", "run", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def quickstart_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("quickstart")
+    proc = flrep_run("quickstart", "rounds=4", "eval.final_window=2", "finetune.enabled=true",
+                     "finetune.epochs=3", "wandb.enabled=true", "--out", str(out))
+    return proc, out
+
+
+def test_quickstart_writes_the_results_contract(quickstart_run):
+    proc, out = quickstart_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert SUMMARY_KEYS <= set(summary)
+    assert summary["algorithm"] == "fedavg" and summary["dataset"] == "digits"
+    assert summary["num_clients"] == 20 and summary["rounds"] == 4 and summary["status"] == "completed"
+    records = read_jsonl(out / "metrics.jsonl")
+    assert [r["round"] for r in records if r["phase"] == "train"] == [1, 2, 3, 4]
+    evals = [r for r in records if r["phase"] == "eval"]
+    assert len(evals[-1]["client_accuracy"]) == 20
+    # headline = mean of the final window (rounds 3 and 4), not the best round
+    expected = (evals[-1]["personalized_accuracy"] + evals[-2]["personalized_accuracy"]) / 2
+    assert summary["personalized_accuracy"] == pytest.approx(expected)
+    # communication counted from the messages: 5 clients x 4 rounds, model down and up
+    params = 64 * 64 + 64 + 64 * 10 + 10
+    train_records = [r for r in records if r["phase"] == "train"]
+    assert train_records[-1]["params_up"] == 4 * 5 * params
+    finetune = [r for r in records if r["phase"] == "finetune"]
+    assert finetune and summary["finetune_accuracy_after"] is not None
+    assert (out / "config.yaml").is_file()
+    assert {p.name for p in (out / "plots").glob("*.png")} == {"accuracy.png", "client_spread.png"}
+    assert list((out / "wandb").glob("offline-run-*")), "wandb should log offline by default"
+
+
+def test_quickstart_logs_progress_with_eta_and_output_path(quickstart_run):
+    proc, out = quickstart_run
+    log = proc.stdout + proc.stderr
+    assert "round 4/4" in log and "personalized acc" in log and "global acc" in log and "ETA" in log
+    assert str(out) in log.strip().splitlines()[-1]
+
+
+def test_local_only_runs_without_a_global_model(tmp_path):
+    proc = flrep_run("quickstart", "algorithm=local_only", "rounds=2", "eval.final_window=1",
+                     "wandb.enabled=false", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["global_accuracy"] is None
+    assert summary["bytes_up"] == 0 and summary["bytes_down"] == 0 and summary["personalized_accuracy"] > 0.1
+
+
+def test_a_crashing_server_app_exits_non_zero(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    proc = flrep_run("quickstart", "rounds=1", "wandb.enabled=false", "--out", str(blocker / "sub"))
+    assert proc.returncode != 0
+    assert "run failed" in proc.stderr
