@@ -134,3 +134,20 @@ def _error_reply(msg):
     from flwr.app import Error
 
     return Message(Error(code=0, reason="client crashed"), reply_to=msg)
+
+
+def test_server_optimizers_are_selectable_and_change_the_update():
+    from flwr.serverapp.strategy import FedAdam, FedAvgM
+
+    m = ALGORITHMS["fedavg"].make_strategy(load_config("quickstart", ["server_opt.name=fedavgm", "server_opt.lr=1.0", "server_opt.momentum=0.9"]))
+    a = ALGORITHMS["fedavg"].make_strategy(load_config("quickstart", ["server_opt.name=fedadam", "server_opt.lr=0.01"]))
+    assert isinstance(m, FedAvgM) and m.server_momentum == 0.9
+    assert isinstance(a, FedAdam) and a.eta == 0.01
+    start = ArrayRecord({"w": torch.zeros(2)})
+    out = Message(RecordDict({CONFIG: ConfigRecord()}), dst_node_id=1, message_type="train")
+    list(m.configure_train(1, start, ConfigRecord(), NodeSubset(None, [1])))
+    first, _ = m.aggregate_train(1, [Message(reply(ArrayRecord({"w": torch.ones(2)}), **{"num-examples": 1}), reply_to=out)])
+    list(m.configure_train(2, first, ConfigRecord(), NodeSubset(None, [1])))
+    second, _ = m.aggregate_train(2, [Message(reply(ArrayRecord({"w": torch.full((2,), 2.0)}), **{"num-examples": 1}), reply_to=out)])
+    # heavy-ball: v1 = -1, x1 = 1; v2 = 0.9 * v1 + (x1 - 2) = -1.9, x2 = x1 - v2 = 2.9
+    np.testing.assert_allclose(second["w"].numpy(), np.full(2, 2.9), rtol=1e-6)
