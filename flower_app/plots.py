@@ -28,16 +28,14 @@ def plot_run(records: list[dict], plots_dir: Path, title: str) -> list[Path]:
     fig.savefig(written[-1], dpi=120, bbox_inches="tight")
     plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 4), gridspec_kw={"width_ratios": [3, 1]})
     spread = [r for r in evals if r.get("client_accuracy")]
     if spread:
         ax.boxplot([list(r["client_accuracy"].values()) for r in spread], positions=[r["round"] for r in spread],
                    widths=max(1, spread[-1]["round"] // max(len(spread), 1)) * 0.6, showfliers=False, manage_ticks=False)
         last = spread[-1]
-        ax2 = ax.inset_axes([0.62, 0.1, 0.35, 0.35])
         ax2.hist(list(last["client_accuracy"].values()), bins=10, color="tab:orange")
-        ax2.set_title(f"round {last['round']}", fontsize=7)
-        ax2.tick_params(labelsize=6)
+        ax2.set(xlabel="local test accuracy", ylabel="clients", title=f"round {last['round']}")
     ax.set(xlabel="round", ylabel="local test accuracy per client", title=f"{title}: spread over clients")
     ax.grid(alpha=0.3)
     written.append(plots_dir / "client_spread.png")
