@@ -57,12 +57,6 @@ def _cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_bench(args: argparse.Namespace) -> int:
-    from task.benchmark import main as bench_main
-
-    return bench_main(args.bench_args)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flrep", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -73,13 +67,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=_cmd_run)
     lst = sub.add_parser("list", help="list experiments and algorithms")
     lst.set_defaults(func=_cmd_list)
-    bench = sub.add_parser("bench", help="local-training throughput: engine vs DataLoader", add_help=False)
-    bench.add_argument("bench_args", nargs=argparse.REMAINDER)
-    bench.set_defaults(func=_cmd_bench)
+    sub.add_parser("bench", help="local-training throughput: engine vs DataLoader (flrep bench --help)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:
+        from task.benchmark import main as bench_main
+
+        return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
     return args.func(args)
 

@@ -12,9 +12,8 @@ import functools
 import torch
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
-from omegaconf import DictConfig
 
-from flower_app.config import head_groups, initial_model, run_config_of
+from flower_app.config import head_groups, initial_model, pick_device, run_config_of
 from strategies import ALGORITHMS
 from strategies.common import ClientRuntime, reply
 from strategies.finetune import finetune
@@ -22,13 +21,6 @@ from task.engine import TensorData
 from task.federated_data import build_federated_data
 
 app = ClientApp()
-
-
-def pick_device(cfg: DictConfig) -> torch.device:
-    """``simulation.device``: auto picks CUDA when available."""
-    if cfg.simulation.device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(cfg.simulation.device)
 
 
 @functools.lru_cache(maxsize=4)

@@ -186,3 +186,12 @@ def initial_model(cfg: DictConfig, bundle):
 
     torch.manual_seed(int(cfg.seed))
     return build_model(cfg.model.name, tuple(bundle.input_shape), int(bundle.num_classes), rep_dim=int(cfg.data.synthetic.k))
+
+
+def pick_device(cfg: DictConfig):
+    """``simulation.device``: ``auto`` picks CUDA when available."""
+    import torch
+
+    if cfg.simulation.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(cfg.simulation.device)

@@ -14,7 +14,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 from omegaconf import DictConfig
 
-from flower_app.config import clients_per_round, run_config_of, validate_with_data
+from flower_app.config import clients_per_round, pick_device, run_config_of, validate_with_data
 from flower_app.federation import Federation, NodeSubset, Traffic, connect, exchange, metric_of
 from flower_app.results import RunRecorder
 from flower_app.tracking import Tracker
@@ -44,14 +44,15 @@ class ServerEvaluator:
 
     def __init__(self, fed: FederatedData, model: SplitModel, cfg: DictConfig) -> None:
         self.fed = fed
-        self.model = model
+        device = pick_device(cfg)
+        self.model = model.to(device)
         self.batch = int(cfg.eval.batch_size)
         self.regression = fed.bundle.task == "regression"
         test = fed.bundle.test
-        self.test = TensorData.from_arrays(test.x, test.y, torch.device("cpu"))
+        self.test = TensorData.from_arrays(test.x, test.y, device)
 
     def _split(self, idx: np.ndarray) -> TensorData:
-        t = torch.as_tensor(idx, dtype=torch.long)
+        t = torch.as_tensor(idx, dtype=torch.long, device=self.test.y.device)
         return TensorData(self.test.x[t], self.test.y[t])
 
     def load(self, arrays: ArrayRecord) -> None:

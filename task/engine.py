@@ -142,7 +142,8 @@ def train(
     anchors = [p.detach().clone() for p in trainable] if prox_mu > 0 else None
     loss_fn = loss_function(regression)
     model.train()
-    total, num_steps, samples = 0.0, 0, 0
+    total = torch.zeros((), device=data.y.device)
+    num_steps, samples = 0, 0
     if len(data) == 0:
         return TrainResult(0.0, 0, 0)
     for idx in _step_batches(len(data), batch_size, generator, data.y.device, epochs, steps):
@@ -156,10 +157,10 @@ def train(
                     if p.grad is not None:
                         p.grad.add_(p - anchor, alpha=prox_mu)
         opt.step()
-        total += float(loss.detach()) * len(idx)
+        total += loss.detach() * len(idx)
         samples += len(idx)
         num_steps += 1
-    return TrainResult(total / max(samples, 1), num_steps, samples)
+    return TrainResult(float(total) / max(samples, 1), num_steps, samples)
 
 
 @torch.no_grad()
