@@ -10,7 +10,7 @@ Config keys (all under ``data.``)
     ``cifar100``, ``femnist``, ``adult``, ``image_folder``, ``synthetic_linear``. Required.
 ``source``
     ``local`` (default) or ``hub``. ``hub`` loads ``data.hub_id`` with
-    ``datasets.load_dataset`` (the library flwr-datasets builds on) and needs network
+    flwr-datasets' ``FederatedDataset`` (whole splits, our own partitioning) and needs network
     access on first use; it is available for mnist, fashion_mnist, cifar10, cifar100 and
     femnist. ``digits`` and ``synthetic_linear`` ignore it (they need no files).
 ``root``
@@ -940,15 +940,26 @@ def _hub_split_arrays(ds: Any, name: str, mode: str, where: str) -> tuple[np.nda
     return x, y, writers
 
 
+def _hub_split_or_none(fds, split: str):
+    """The whole ``split`` of a flwr-datasets FederatedDataset, or None when it has no such split."""
+    try:
+        return fds.load_split(split)
+    except ValueError as exc:
+        if "not present" in str(exc):
+            return None
+        raise
+
+
 def _load_hub(name: str, data_cfg: Mapping, cache_dir: Path, normalize: bool) -> DataBundle:
     hub_id = cfg_get(data_cfg, "hub_id", HUB_DEFAULTS[name])
     if not isinstance(hub_id, str) or not hub_id:
         raise ConfigError(f"data.hub_id={hub_id!r} is invalid: expected a Hugging Face dataset id like {HUB_DEFAULTS[name]!r}")
     where = f"data.hub_id={hub_id!r}"
     try:
-        import datasets
+        from flwr_datasets import FederatedDataset
 
-        dd = datasets.load_dataset(hub_id, cache_dir=str(cache_dir / "hub"))
+        fds = FederatedDataset(dataset=hub_id, partitioners={}, shuffle=False, cache_dir=str(cache_dir / "hub"))
+        dd = {split: ds for split in ("train", "test") if (ds := _hub_split_or_none(fds, split)) is not None}
     except Exception as exc:  # noqa: BLE001 - network, auth, missing dataset, ...
         raise ConfigError(
             f"data.source='hub': could not load {where} from the Hugging Face Hub "

@@ -526,8 +526,8 @@ def test_hub_conversion_mocked(monkeypatch, tmp_path):
     import datasets
     from PIL import Image
 
-    def fake(hub_id, cache_dir=None):
-        assert hub_id == "uoft-cs/cifar10" and cache_dir.startswith(str(tmp_path))
+    def fake(path=None, name=None, cache_dir=None, **kwargs):
+        assert path == "uoft-cs/cifar10" and cache_dir.startswith(str(tmp_path))
         feats = datasets.Features({"img": datasets.Image(), "label": datasets.ClassLabel(names=CIFAR10_NAMES)})
 
         def split(n):
@@ -547,7 +547,7 @@ def test_hub_femnist_mocked(monkeypatch, tmp_path):
     import datasets
     from PIL import Image
 
-    def fake(hub_id, cache_dir=None):
+    def fake(path=None, name=None, cache_dir=None, **kwargs):
         n = 40
         imgs = [Image.new("L", (28, 28), i) for i in range(n)]
         return datasets.DatasetDict({"train": datasets.Dataset.from_dict(
