@@ -16,7 +16,7 @@ from flwr.serverapp import Grid
 from strategies.common import CONFIG, METRICS
 from task.errors import ConfigError
 
-NODE_WAIT_S = 60.0
+NODE_WAIT_S = 10.0  # simulation registers all nodes before the ServerApp starts
 
 
 def payload_size(content: RecordDict) -> tuple[int, int]:
