@@ -76,3 +76,14 @@ def test_a_crashing_server_app_exits_non_zero(tmp_path):
     proc = flrep_run("quickstart", "rounds=1", "wandb.enabled=false", "--out", str(blocker / "sub"))
     assert proc.returncode != 0
     assert "run failed" in proc.stderr
+
+
+def test_same_seed_repeats_the_run(quickstart_run, tmp_path):
+    _, first = quickstart_run
+    proc = flrep_run("quickstart", "rounds=4", "eval.final_window=2", "finetune.enabled=true",
+                     "finetune.epochs=3", "wandb.enabled=false", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    a = [r for r in read_jsonl(first / "metrics.jsonl") if r["phase"] == "eval"]
+    b = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["phase"] == "eval"]
+    assert [r["client_accuracy"] for r in a] == [r["client_accuracy"] for r in b]
+    assert [r["global_loss"] for r in a] == pytest.approx([r["global_loss"] for r in b], rel=1e-5)
