@@ -1,0 +1,132 @@
+"""UCI Adult (census income) from its CSV files, one-hot encoded.
+
+``data.root`` layout: UCI ``adult.data`` and ``adult.test`` in ``root``.
+
+Config keys (under ``data.``)
+-----------------------------
+``adult_missing``
+    ``keep`` (default; a ``?`` is its own category, so all 32,561 / 16,281 rows are kept)
+    or ``drop`` (rows with any ``?`` are removed: 30,162 / 15,060 rows).
+``adult_include_protected``
+    Bool, default ``true``: whether the one-hot ``race`` and ``sex`` columns are part of
+    the adult features. They are always returned in ``ArrayData.attributes``.
+
+Adult encoding: features are the 6 numeric columns (age, fnlwgt, education-num,
+capital-gain, capital-loss, hours-per-week), then the one-hot encodings of workclass,
+education, marital-status, occupation, relationship, race, sex, native-country, with each
+column's category set taken (sorted) from the train file; unseen test categories encode as
+all zeros. Label 1 means income ``>50K``. ``ArrayData.attributes`` holds ``race`` and
+``sex`` as int64 codes indexing ``bundle.meta["attribute_categories"][attr]`` (-1 for a
+category not seen in train).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from task.datasets.bundle import ArrayData, DataBundle
+from task.datasets.config import get_bool, get_choice
+from task.errors import ConfigError
+
+ADULT_COLUMNS = ("age", "workclass", "fnlwgt", "education", "education-num", "marital-status", "occupation",
+                 "relationship", "race", "sex", "capital-gain", "capital-loss", "hours-per-week",
+                 "native-country", "income")
+ADULT_NUMERIC = ("age", "fnlwgt", "education-num", "capital-gain", "capital-loss", "hours-per-week")
+ADULT_CATEGORICAL = ("workclass", "education", "marital-status", "occupation", "relationship", "race", "sex",
+                     "native-country")
+ADULT_PROTECTED = ("race", "sex")
+
+
+def _read_adult_csv(path: Path, drop_missing: bool) -> tuple[np.ndarray, list[list[str]], np.ndarray]:
+    if not path.is_file():
+        raise ConfigError(f"{path}: file not found; expected the UCI Adult file in data.root")
+    try:
+        text = path.read_text(encoding="utf-8", errors="strict")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read it as text ({exc}); expected the UCI Adult CSV") from exc
+    num_idx = [ADULT_COLUMNS.index(c) for c in ADULT_NUMERIC]
+    cat_idx = [ADULT_COLUMNS.index(c) for c in ADULT_CATEGORICAL]
+    nums: list[list[float]] = []
+    cats: list[list[str]] = []
+    labels: list[int] = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        line = line.strip()
+        if not line or line.startswith("|"):
+            continue
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) != len(ADULT_COLUMNS):
+            raise ConfigError(f"{path}:{lineno}: {len(fields)} fields; expected {len(ADULT_COLUMNS)} comma-separated fields")
+        if drop_missing and "?" in fields:
+            continue
+        try:
+            nums.append([float(fields[i]) for i in num_idx])
+        except ValueError as exc:
+            raise ConfigError(f"{path}:{lineno}: non-numeric value in a numeric column ({exc})") from exc
+        cats.append([fields[i] for i in cat_idx])
+        lab = fields[-1].rstrip(".")
+        if lab not in (">50K", "<=50K"):
+            raise ConfigError(f"{path}:{lineno}: income label {fields[-1]!r}; expected '>50K' or '<=50K' (optionally ending in '.')")
+        labels.append(1 if lab == ">50K" else 0)
+    if not labels:
+        raise ConfigError(f"{path}: no data rows; expected the UCI Adult CSV")
+    return np.asarray(nums, dtype=np.float64), cats, np.asarray(labels, dtype=np.int64)
+
+
+def load_adult(root: Path, data_cfg: Mapping, normalize: bool) -> DataBundle:
+    """UCI Adult from ``adult.data`` / ``adult.test`` under ``root``, encoded as documented above."""
+    missing = get_choice(data_cfg, "adult_missing", "keep", ("keep", "drop"))
+    include_protected = get_bool(data_cfg, "adult_include_protected", True)
+    base = root if root.is_dir() else root.parent
+    ntr, ctr, ytr = _read_adult_csv(base / "adult.data", missing == "drop")
+    nte, cte, yte = _read_adult_csv(base / "adult.test", missing == "drop")
+    mean = ntr.mean(axis=0)
+    std = ntr.std(axis=0)
+    std[std < 1e-12] = 1.0
+    if normalize:
+        ntr = (ntr - mean) / std
+        nte = (nte - mean) / std
+    feat_tr = [ntr]
+    feat_te = [nte]
+    feature_names = list(ADULT_NUMERIC)
+    attr_cats: dict[str, list[str]] = {}
+    attrs_tr: dict[str, np.ndarray] = {}
+    attrs_te: dict[str, np.ndarray] = {}
+    for j, col in enumerate(ADULT_CATEGORICAL):
+        vtr = np.array([row[j] for row in ctr])
+        vte = np.array([row[j] for row in cte])
+        cats = np.unique(vtr)
+        code_tr = np.searchsorted(cats, vtr)
+        code_te = np.searchsorted(cats, vte)
+        code_te[(code_te >= len(cats)) | (cats[np.minimum(code_te, len(cats) - 1)] != vte)] = -1
+        if col in ADULT_PROTECTED:
+            attr_cats[col] = [str(c) for c in cats]
+            attrs_tr[col] = code_tr.astype(np.int64)
+            attrs_te[col] = code_te.astype(np.int64)
+            if not include_protected:
+                continue
+        eye = np.eye(len(cats), dtype=np.float64)
+        feat_tr.append(eye[code_tr])
+        oh_te = np.zeros((len(vte), len(cats)))
+        ok = code_te >= 0
+        oh_te[ok] = eye[code_te[ok]]
+        feat_te.append(oh_te)
+        feature_names.extend(f"{col}={c}" for c in cats)
+    xtr = np.concatenate(feat_tr, axis=1).astype(np.float32)
+    xte = np.concatenate(feat_te, axis=1).astype(np.float32)
+    meta = {
+        "class_names": ["<=50K", ">50K"],
+        "feature_names": feature_names,
+        "attribute_categories": attr_cats,
+        "numeric_mean": mean.astype(np.float32),
+        "numeric_std": std.astype(np.float32),
+    }
+    return DataBundle(
+        train=ArrayData(xtr, ytr, None, attrs_tr),
+        test=ArrayData(xte, yte, None, attrs_te),
+        num_classes=2,
+        input_shape=(xtr.shape[1],),
+        meta=meta,
+    )
