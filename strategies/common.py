@@ -8,7 +8,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from omegaconf import DictConfig
 
-from task.engine import OptimizerConfig, TensorData, evaluate, seeded_generator
+from task.engine import OptimizerConfig, TensorData, TrainResult, evaluate, seeded_generator, train
 from task.models import SplitModel
 
 ARRAYS = "arrays"
@@ -49,6 +49,21 @@ class ClientRuntime:
     def generator(self, server_round: int, salt: int = 0) -> torch.Generator:
         """Shuffling generator: a pure function of (seed, round, client, salt)."""
         return seeded_generator(self.cfg.seed, server_round, self.partition_id, salt)
+
+    def local_training(self, config: ConfigRecord, prox_mu: float = 0.0) -> TrainResult:
+        """The configured local epochs (or exact steps) at this round's learning rate."""
+        t = self.cfg.train
+        return train(
+            self.model,
+            self.train,
+            self.optimizer(lr=config.get("lr")),
+            batch_size=int(t.batch_size),
+            generator=self.generator(int(config.get("server-round", 0))),
+            epochs=int(t.local_epochs),
+            steps=t.local_steps,
+            prox_mu=prox_mu,
+            regression=self.regression,
+        )
 
     def reset_model(self) -> None:
         """Put the run's common initial weights into the model."""

@@ -14,7 +14,6 @@ from omegaconf import DictConfig
 
 from strategies.base import TAKE_ALL_NODES, Algorithm, all_keys
 from strategies.common import ARRAYS, NUM_EXAMPLES, ClientRuntime, reply, round_config
-from task.engine import train
 
 
 def make_strategy(cfg: DictConfig) -> Strategy:
@@ -31,18 +30,7 @@ def local_sgd(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     """Load the global model, run the local epochs/steps, return the model and metrics."""
     rt.load(content[ARRAYS])
     config = round_config(content)
-    server_round = int(config.get("server-round", 0))
-    result = train(
-        rt.model,
-        rt.train,
-        rt.optimizer(lr=config.get("lr")),
-        batch_size=int(rt.cfg.train.batch_size),
-        generator=rt.generator(server_round),
-        epochs=int(rt.cfg.train.local_epochs),
-        steps=rt.cfg.train.local_steps,
-        prox_mu=float(config.get("proximal-mu", 0.0)),
-        regression=rt.regression,
-    )
+    result = rt.local_training(config, prox_mu=float(config.get("proximal-mu", 0.0)))
     metrics = {"train_loss": result.mean_loss, "local_steps": result.steps, NUM_EXAMPLES: len(rt.train)}
     return reply(rt.arrays(), **metrics)
 

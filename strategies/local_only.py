@@ -16,7 +16,6 @@ from omegaconf import DictConfig
 
 from strategies.base import TAKE_ALL_NODES, Algorithm
 from strategies.common import CONFIG, METRICS, NUM_EXAMPLES, ClientRuntime, reply, round_config
-from task.engine import train
 
 STATE_KEY = "local-model"
 
@@ -56,18 +55,7 @@ def _load_own_model(rt: ClientRuntime) -> None:
 def train_locally(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     """Train the client's own model for the configured local epochs and keep it."""
     _load_own_model(rt)
-    config = round_config(content)
-    server_round = int(config.get("server-round", 0))
-    result = train(
-        rt.model,
-        rt.train,
-        rt.optimizer(lr=config.get("lr")),
-        batch_size=int(rt.cfg.train.batch_size),
-        generator=rt.generator(server_round),
-        epochs=int(rt.cfg.train.local_epochs),
-        steps=rt.cfg.train.local_steps,
-        regression=rt.regression,
-    )
+    result = rt.local_training(round_config(content))
     rt.state[STATE_KEY] = rt.arrays()
     return reply(None, train_loss=result.mean_loss, local_steps=result.steps, **{NUM_EXAMPLES: len(rt.train)})
 
