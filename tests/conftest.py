@@ -1,10 +1,6 @@
 """Shared test fixtures."""
 
-from pathlib import Path
-
 import pytest
-
-SHARED_DATASETS = Path(__file__).resolve().parents[1] / ".." / "shared" / "datasets"
 
 
 @pytest.fixture(autouse=True)

@@ -17,16 +17,9 @@ import pytest
 from task.errors import ConfigError
 from task.sources import DATASET_NAMES, load_source, read_idx
 from task.synthetic import make_linear_tasks
+from offline_data import shared
 
-SHARED = Path(__file__).parents[1] / ".." / "shared" / "datasets"
 CIFAR10_NAMES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
-
-
-def shared(sub: str) -> Path:
-    path = SHARED / sub
-    if not path.exists():
-        pytest.skip(f"offline dataset copy {path} is absent")
-    return path
 
 
 @pytest.fixture(scope="module")

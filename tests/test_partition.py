@@ -14,16 +14,9 @@ from task.errors import ConfigError
 from task.federated_data import FederatedData, build_federated_data, clear_caches
 from task.partition import PARTITIONS, group_test_split, matched_test_split, partition_train
 from task.synthetic import make_linear_tasks
+from offline_data import shared
 
-SHARED = Path(__file__).parents[1] / ".." / "shared" / "datasets"
 ROOT = Path(__file__).parents[1]
-
-
-def shared(sub: str) -> Path:
-    path = SHARED / sub
-    if not path.exists():
-        pytest.skip(f"offline dataset copy {path} is absent")
-    return path
 
 
 @pytest.fixture(scope="module")
