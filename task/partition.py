@@ -101,6 +101,17 @@ def _read_partitions(partitioner, num_partitions: int) -> list[np.ndarray]:
     return out
 
 
+def _read_or_explain(partitioner, num_partitions: int, quiet_warning: str, explanation: str) -> list[np.ndarray]:
+    """Read all partitions, silencing one expected warning; a partitioner ValueError becomes
+    a ConfigError carrying ``explanation`` and the partitioner's own message."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=quiet_warning)
+        try:
+            return _read_partitions(partitioner, num_partitions)
+        except ValueError as exc:
+            raise ConfigError(f"{explanation} ({exc})") from exc
+
+
 def partition_train(
     labels: np.ndarray,
     groups: np.ndarray | None,
@@ -168,14 +179,10 @@ def partition_train(
                 class_assignment_mode=mode, shuffle=True, seed=seed,
             )
             partitioner.dataset = ds
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message="Classes: .* will NOT be used")
-                try:
-                    return _read_partitions(partitioner, num_partitions)
-                except ValueError as exc:
-                    raise ConfigError(
-                        f"data.classes_per_client={cpc} with data.num_clients={num_partitions} cannot be realised: {exc}"
-                    ) from exc
+            return _read_or_explain(
+                partitioner, num_partitions, "Classes: .* will NOT be used",
+                f"data.classes_per_client={cpc} with data.num_clients={num_partitions} cannot be realised",
+            )
 
         if scheme == "dirichlet":
             alpha = get_float(data_cfg, "dirichlet_alpha", 0.5, gt=0.0)
@@ -191,16 +198,11 @@ def partition_train(
                 self_balancing=balancing, shuffle=True, seed=seed,
             )
             partitioner.dataset = ds
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message="The specified min_partition_size")
-                try:
-                    return _read_partitions(partitioner, num_partitions)
-                except ValueError as exc:
-                    raise ConfigError(
-                        f"data.dirichlet_alpha={alpha} / data.min_partition_size={min_size}: no Dirichlet "
-                        f"partition meeting the minimum size was found in 10 attempts ({exc}); "
-                        "raise dirichlet_alpha or lower min_partition_size"
-                    ) from exc
+            return _read_or_explain(
+                partitioner, num_partitions, "The specified min_partition_size",
+                f"data.dirichlet_alpha={alpha} / data.min_partition_size={min_size}: no Dirichlet partition "
+                "meeting the minimum size was found in 10 attempts; raise dirichlet_alpha or lower min_partition_size",
+            )
 
         if scheme == "shard":
             spc = get_int(data_cfg, "shards_per_client", 2, lo=1)
