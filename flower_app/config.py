@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
+from torch import nn
 from omegaconf.errors import OmegaConfBaseException
 
 from task.errors import ConfigError
@@ -25,6 +26,7 @@ PROJECT_DIR = Path(__file__).resolve().parents[1]
 CONF_DIR = PROJECT_DIR / "conf"
 SERVER_OPTS = ("none", "fedavgm", "fedadam")
 FINETUNE_PARTS = ("head", "full")
+HEAD_SOLVERS = ("sgd", "exact")
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -63,6 +65,8 @@ def load_config(experiment: str, overrides: str | Iterable[str] = ()) -> DictCon
         raise ConfigError(f"{key}: {err.msg}") from None
     OmegaConf.set_struct(cfg, False)
     cfg.experiment = experiment
+    if cfg.label is None:
+        cfg.label = cfg.algorithm
     if cfg.data.root is not None and not Path(str(cfg.data.root)).expanduser().is_absolute():
         cfg.data.root = str((PROJECT_DIR / str(cfg.data.root)).resolve())
     validate(cfg)
@@ -120,16 +124,24 @@ def validate(cfg: DictConfig) -> None:
     _choice(cfg, "server_opt.name", SERVER_OPTS)
     _choice(cfg, "finetune.part", FINETUNE_PARTS)
     _choice(cfg, "simulation.device", DEVICES)
+    _choice(cfg, "fedrep.head_solver", HEAD_SOLVERS)
+    _require(isinstance(cfg.fedrep.orthonormalize, bool), "fedrep.orthonormalize",
+             f"got {cfg.fedrep.orthonormalize!r}, expected true or false")
+    _require(not cfg.fedrep.orthonormalize or cfg.model.name == "linear_rep", "fedrep.orthonormalize",
+             f"orthonormalising the body needs model.name=linear_rep, got {cfg.model.name!r}")
+    _require(isinstance(cfg.label, str) and cfg.label.replace("-", "").replace("_", "").replace("+", "").isalnum(),
+             "label", f"got {cfg.label!r}, expected a name of letters, digits, '-', '_' or '+'")
     _require(isinstance(cfg.seed, int) and not isinstance(cfg.seed, bool), "seed", f"got {cfg.seed!r}, expected an integer")
     for key in ("rounds", "train.batch_size", "data.num_clients", "eval.every", "eval.batch_size"):
         _positive(cfg, key, integer=True)
     _positive(cfg, "train.local_epochs", integer=True)
     _positive(cfg, "train.local_steps", integer=True, allow_none=True)
+    _positive(cfg, "fedrep.head_steps", integer=True, allow_none=True)
     _positive(cfg, "train.lr")
     _positive(cfg, "train.lr_decay")
     _positive(cfg, "finetune.lr", allow_none=True)
     _positive(cfg, "server_opt.lr")
-    for key in ("train.momentum", "train.weight_decay", "fedprox.mu", "finetune.epochs",
+    for key in ("train.momentum", "train.weight_decay", "fedprox.mu", "finetune.epochs", "fedrep.head_epochs",
                 "eval.final_window", "data.num_new_clients", "simulation.client_gpus"):
         _nonnegative(cfg, key)
     _positive(cfg, "simulation.client_cpus")
@@ -161,10 +173,9 @@ def clients_per_round(cfg: DictConfig) -> int:
 
 def head_groups(cfg: DictConfig, model) -> list[str]:
     """The configured head groups of ``model`` (validated against the model's groups)."""
-    head = list(cfg.model.head) if cfg.model.head is not None else list(model.default_head)
-    model.check_groups(head, "model.head")
-    model.split_at(head, "model.head")
-    return head
+    from strategies.common import configured_head
+
+    return configured_head(model, cfg)
 
 
 def validate_with_data(cfg: DictConfig):
@@ -174,8 +185,14 @@ def validate_with_data(cfg: DictConfig):
 
     fed = build_federated_data(cfg.data, int(cfg.seed))
     model = initial_model(cfg, fed.bundle)
-    head_groups(cfg, model)
+    head = head_groups(cfg, model)
+    if cfg.fedrep.head_solver == "exact":
+        _require(fed.bundle.task == "regression", "fedrep.head_solver",
+                 f"'exact' (least squares) needs a regression dataset, data.name={cfg.data.name!r} is a classification task")
+        _require(len(head) == 1 and isinstance(model.get_submodule(head[0]), nn.Linear), "fedrep.head_solver",
+                 f"'exact' needs a head of one linear layer, model.head={head}")
     return fed, model
+
 
 
 def initial_model(cfg: DictConfig, bundle):

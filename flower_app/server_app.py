@@ -115,7 +115,7 @@ class Experiment:
 
     def evaluate_round(self, t: int, fed: Federation) -> dict:
         record: dict = {"round": t, "phase": "eval"}
-        if self.algorithm.shared_keys is not None:
+        if self.algorithm.shared_keys is not None and self.algorithm.global_model:
             self.evaluator.load(self.arrays)
             record["global_accuracy"], record["global_loss"] = self.evaluator.global_metric()
         if self.algorithm.evaluate is None:

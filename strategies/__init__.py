@@ -4,11 +4,13 @@ Adding an algorithm: write ``strategies/<name>.py`` defining ``ALGORITHM`` and a
 line below.
 """
 
-from strategies import fedavg, fedprox, local_only
+from strategies import fedavg, fedper, fedprox, fedrep, local_only
 from strategies.base import Algorithm
 
 ALGORITHMS: dict[str, Algorithm] = {
     fedavg.ALGORITHM.name: fedavg.ALGORITHM,
     fedprox.ALGORITHM.name: fedprox.ALGORITHM,
     local_only.ALGORITHM.name: local_only.ALGORITHM,
+    fedrep.ALGORITHM.name: fedrep.ALGORITHM,
+    fedper.ALGORITHM.name: fedper.ALGORITHM,
 }

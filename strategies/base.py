@@ -37,6 +37,8 @@ class Algorithm:
       personalized model *is* the global model, so the server evaluates it on every
       client's local test split itself (same numbers, no messages).
     - ``supports_finetune``: whether ``finetune.enabled`` (+FT) applies.
+    - ``global_model``: whether the shared arrays form a whole model to score on the
+      global test set (False for FedRep/FedPer, whose heads never leave the clients).
     """
 
     name: str
@@ -45,6 +47,7 @@ class Algorithm:
     shared_keys: Callable[[SplitModel, DictConfig], list[str]] | None
     evaluate: ClientFn | None = None
     supports_finetune: bool = False
+    global_model: bool = True
 
 
 def all_keys(model: SplitModel, cfg: DictConfig) -> list[str]:

@@ -46,6 +46,10 @@ class ClientRuntime:
             nesterov=bool(t.nesterov),
         )
 
+    def state_key(self, name: str) -> str:
+        """Key of this run variant's entry ``name`` in the client state (variants share nodes)."""
+        return f"{self.cfg.label}/{name}"
+
     def generator(self, server_round: int, salt: int = 0) -> torch.Generator:
         """Shuffling generator: a pure function of (seed, round, client, salt)."""
         return seeded_generator(self.cfg.seed, server_round, self.partition_id, salt)
@@ -93,6 +97,25 @@ class ClientRuntime:
         if res.accuracy is not None:
             out["accuracy"] = res.accuracy
         return out
+
+
+def configured_head(model: SplitModel, cfg: DictConfig) -> list[str]:
+    """The head groups of ``model``: ``model.head`` or the model's default (last layer)."""
+    head = list(cfg.model.head) if cfg.model.head is not None else list(model.default_head)
+    model.check_groups(head, "model.head")
+    model.split_at(head, "model.head")
+    return head
+
+
+def head_keys(model: SplitModel, cfg: DictConfig) -> list[str]:
+    """State keys of the configured head."""
+    return model.parameter_names(configured_head(model, cfg))
+
+
+def body_keys(model: SplitModel, cfg: DictConfig) -> list[str]:
+    """State keys of everything before the configured head (the shared representation)."""
+    head = set(head_keys(model, cfg))
+    return [k for k in model.state_dict() if k not in head]
 
 
 def reply(arrays: ArrayRecord | None = None, **metrics: float) -> RecordDict:

@@ -194,8 +194,9 @@ def train_head_on_features(
     optimizer: OptimizerConfig,
     batch_size: int,
     generator: torch.Generator,
-    epochs: int,
+    epochs: int | None,
     regression: bool = False,
+    steps: int | None = None,
 ) -> TrainResult:
     """Train only the ``head`` groups of a split model with the body frozen.
 
@@ -211,8 +212,30 @@ def train_head_on_features(
         batch_size,
         generator,
         epochs=epochs,
+        steps=steps,
         regression=regression,
     )
+
+
+@torch.no_grad()
+def fit_head_least_squares(model: nn.Module, head: Sequence[str], data: TensorData) -> None:
+    """Set a single linear head to the least-squares fit of the targets on body features.
+
+    The exact head minimisation of FedRep's linear analysis (regression only): with features
+    Z and targets y the head becomes argmin_w ||Z w - y||² (a bias, if any, is fitted too).
+    """
+    if len(head) != 1 or not isinstance(model.get_submodule(head[0]), nn.Linear):
+        raise ValueError(f"exact head fitting needs a single nn.Linear head group, got {list(head)}")
+    linear = model.get_submodule(head[0])
+    z = predict_features(model, head, data.x).double()
+    if linear.bias is not None:
+        z = torch.cat([z, torch.ones_like(z[:, :1])], dim=1)
+    y = data.y.double().reshape(len(data), -1)
+    solution = torch.linalg.lstsq(z, y).solution  # (features [+1], outputs)
+    weight = solution[: linear.in_features].T
+    linear.weight.copy_(weight.to(linear.weight.dtype))
+    if linear.bias is not None:
+        linear.bias.copy_(solution[linear.in_features].to(linear.bias.dtype))
 
 
 @torch.no_grad()

@@ -1,0 +1,35 @@
+"""FedPer (Arivazhagan et al., 2019): shared body, personal head, trained jointly.
+
+Server: FedRep's body averaging.
+Client: load the received body and its own head (kept in ``context.state``), train head
+and body together for the usual local epochs/steps, keep the head, send the body only.
+A never-sampled client is evaluated after fitting a head on its own data (as in FedRep).
+"""
+
+from __future__ import annotations
+
+from flwr.app import RecordDict
+
+from strategies.base import Algorithm
+from strategies.common import ARRAYS, NUM_EXAMPLES, ClientRuntime, body_keys, reply, round_config
+from strategies.fedrep import evaluate_with_own_head, keep_head, load_own_head, make_strategy
+
+
+def train_fedper(rt: ClientRuntime, content: RecordDict) -> RecordDict:
+    """Joint local training of body and own head; keep the head, send the body."""
+    rt.load(content[ARRAYS])
+    load_own_head(rt)
+    result = rt.local_training(round_config(content))
+    keep_head(rt)
+    metrics = {"train_loss": result.mean_loss, "local_steps": result.steps, NUM_EXAMPLES: len(rt.train)}
+    return reply(rt.arrays(body_keys(rt.model, rt.cfg)), **metrics)
+
+
+ALGORITHM = Algorithm(
+    name="fedper",
+    make_strategy=make_strategy,
+    train=train_fedper,
+    shared_keys=body_keys,
+    evaluate=evaluate_with_own_head,
+    global_model=False,
+)

@@ -1,0 +1,165 @@
+"""FedRep (Collins et al., 2021, Algorithm 1): a shared body, a head kept on each client.
+
+Server: Flower's FedAvg over the body only (example-weighted); with
+``fedrep.orthonormalize`` the averaged body of the linear model is QR-orthonormalised, as in
+the paper's linear analysis (Section 4).
+Client: load the received body and its own head (kept in ``context.state`` across rounds;
+the run's common initial head the first time), train the head with the body frozen
+(``fedrep.head_epochs`` epochs, or ``fedrep.head_steps`` steps, or exactly by least squares
+with ``fedrep.head_solver=exact``), then the body with the head frozen for the usual local
+epochs/steps, keep the head and send back the body only.
+
+The client helpers below are shared with FedPer (``strategies/fedper.py``), which keeps a
+head the same way but trains head and body jointly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp.strategy import FedAvg, Strategy
+from omegaconf import DictConfig
+
+from strategies.base import TAKE_ALL_NODES, Algorithm
+from strategies.common import (
+    ARRAYS,
+    NUM_EXAMPLES,
+    ClientRuntime,
+    body_keys,
+    configured_head,
+    head_keys,
+    reply,
+    round_config,
+)
+from task.engine import TrainResult, fit_head_least_squares, train, train_head_on_features
+
+HEAD_STATE = "head"
+COLD_START_SALT = 4049  # head fits of never-sampled clients shuffle apart from training rounds
+
+
+class BodyAverage(FedAvg):
+    """FedAvg of the body; optionally QR-orthonormalises a linear body after averaging."""
+
+    def __init__(self, orthonormalize: bool = False) -> None:
+        super().__init__(**TAKE_ALL_NODES)
+        self.orthonormalize = orthonormalize
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        arrays, metrics = super().aggregate_train(server_round, replies)
+        if arrays is not None and self.orthonormalize:
+            arrays = orthonormalize_body(arrays)
+        return arrays, metrics
+
+
+def orthonormalize_body(arrays: ArrayRecord) -> ArrayRecord:
+    """Replace the single body weight W = Bᵀ (k × d) by Qᵀ, where B = QR."""
+    state = arrays.to_torch_state_dict()
+    if len(state) != 1:
+        raise ValueError(f"fedrep.orthonormalize needs a body of one bias-free linear layer, got keys {list(state)}")
+    (key, weight), = state.items()
+    q, r = torch.linalg.qr(weight.double().T)
+    q = q * torch.sign(torch.diagonal(r)).unsqueeze(0)  # unique QR: positive diagonal of R
+    return ArrayRecord({key: q.T.to(weight.dtype).contiguous()})
+
+
+def make_strategy(cfg: DictConfig) -> Strategy:
+    """Body averaging (with the linear orthonormalisation when configured)."""
+    return BodyAverage(orthonormalize=bool(cfg.fedrep.orthonormalize))
+
+
+# -- client helpers shared with FedPer -------------------------------------------------------
+def load_own_head(rt: ClientRuntime) -> bool:
+    """Load the client's kept head; the common initial head if it has none. True if kept."""
+    keys = head_keys(rt.model, rt.cfg)
+    name = rt.state_key(HEAD_STATE)
+    stored = rt.state[name].to_torch_state_dict() if name in rt.state else None
+    own = rt.model.state_dict()
+    with torch.no_grad():
+        for key in keys:
+            source = stored[key] if stored is not None else rt.initial_state[key]
+            own[key].copy_(source.to(own[key].device))
+    return stored is not None
+
+
+def keep_head(rt: ClientRuntime) -> None:
+    """Store the current head in the client state."""
+    rt.state[rt.state_key(HEAD_STATE)] = rt.arrays(head_keys(rt.model, rt.cfg))
+
+
+def fit_head(rt: ClientRuntime, server_round: int, salt: int = 0, lr: float | None = None) -> TrainResult:
+    """Train the head on frozen-body features as ``fedrep.*`` configures it (``lr``: this round's)."""
+    fr = rt.cfg.fedrep
+    head = configured_head(rt.model, rt.cfg)
+    if fr.head_solver == "exact":
+        fit_head_least_squares(rt.model, head, rt.train)
+        return TrainResult(0.0, 0, len(rt.train))
+    return train_head_on_features(
+        rt.model,
+        head,
+        rt.train,
+        rt.optimizer(lr=lr),
+        int(rt.cfg.train.batch_size),
+        rt.generator(server_round, salt + 1),
+        epochs=int(fr.head_epochs),
+        steps=fr.head_steps,
+        regression=rt.regression,
+    )
+
+
+def body_parameters(rt: ClientRuntime) -> list[torch.nn.Parameter]:
+    """The trainable parameters of the body."""
+    body = set(body_keys(rt.model, rt.cfg))
+    return [p for name, p in rt.model.named_parameters() if name in body]
+
+
+def evaluate_with_own_head(rt: ClientRuntime, content: RecordDict) -> RecordDict:
+    """Global body + the client's head; a never-sampled client first fits a head on its data."""
+    rt.load(content[ARRAYS])
+    if not load_own_head(rt):
+        fit_head(rt, int(round_config(content).get("server-round", 0)), COLD_START_SALT)
+    return reply(None, **rt.evaluate_local())
+
+
+# -- FedRep's client half ---------------------------------------------------------------------
+def train_fedrep(rt: ClientRuntime, content: RecordDict) -> RecordDict:
+    """Head first (body frozen), then body (head frozen); keep the head, send the body."""
+    rt.load(content[ARRAYS])
+    load_own_head(rt)
+    config = round_config(content)
+    server_round = int(config.get("server-round", 0))
+    head_result = fit_head(rt, server_round, lr=config.get("lr"))
+    t = rt.cfg.train
+    body_result = train(
+        rt.model,
+        rt.train,
+        rt.optimizer(lr=config.get("lr")),
+        batch_size=int(t.batch_size),
+        generator=rt.generator(server_round),
+        epochs=int(t.local_epochs),
+        steps=t.local_steps,
+        params=body_parameters(rt),
+        regression=rt.regression,
+    )
+    keep_head(rt)
+    metrics = {
+        "train_loss": body_result.mean_loss,
+        "head_loss": head_result.mean_loss,
+        "local_steps": body_result.steps,
+        "head_steps": head_result.steps,
+        NUM_EXAMPLES: len(rt.train),
+    }
+    return reply(rt.arrays(body_keys(rt.model, rt.cfg)), **metrics)
+
+
+ALGORITHM = Algorithm(
+    name="fedrep",
+    make_strategy=make_strategy,
+    train=train_fedrep,
+    shared_keys=body_keys,
+    evaluate=evaluate_with_own_head,
+    global_model=False,
+)

@@ -1,0 +1,79 @@
+"""An in-process Flower Grid for tests: delivers messages straight to the ClientApp.
+
+Each node has its own ``Context`` (node config with its partition id, persistent state),
+so the ServerApp's ``Experiment`` and the algorithms' server and client halves run exactly
+as in simulation, only without the SuperLink and Ray start-up. ``sent`` and ``replies``
+keep every message for inspection; ``fail`` makes chosen partitions raise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from uuid import uuid4
+
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.common.constant import SUPERLINK_NODE_ID
+from flwr.serverapp import Grid
+from flwr.supercore.task_identity import TaskIdentity
+
+from flower_app.client_app import app as client_app
+
+
+class LocalGrid(Grid):
+    """``num_nodes`` nodes serving partitions ``0..num_nodes-1`` of one run config."""
+
+    def __init__(self, num_nodes: int, run_config: dict, fail: Iterable[int] = ()) -> None:
+        TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, SUPERLINK_NODE_ID
+        self.node_ids = [1000 + i for i in range(num_nodes)]
+        self.contexts = {
+            node: Context(
+                run_id=1,
+                node_id=node,
+                node_config={"partition-id": pid, "num-partitions": num_nodes},
+                state=RecordDict(),
+                run_config=dict(run_config),
+            )
+            for pid, node in enumerate(self.node_ids)
+        }
+        self.fail = set(fail)
+        self.sent: list[Message] = []
+        self.replies: list[Message] = []
+
+    # -- Grid API used by the ServerApp ---------------------------------------------------
+    @property
+    def run(self):  # pragma: no cover - not used by the project's ServerApp
+        raise NotImplementedError
+
+    def set_run(self, run_id: int) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None) -> Message:  # pragma: no cover
+        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.node_ids)
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:  # pragma: no cover
+        raise NotImplementedError("LocalGrid only supports send_and_receive")
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:  # pragma: no cover
+        raise NotImplementedError("LocalGrid only supports send_and_receive")
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
+        out = []
+        for msg in messages:
+            msg.metadata.__dict__["_message_id"] = str(uuid4())
+            self.sent.append(msg)
+            context = self.contexts[msg.metadata.dst_node_id]
+            pid = int(context.node_config["partition-id"])
+            if pid in self.fail:
+                rep = Message(Error(code=0, reason=f"partition {pid} was told to fail"), reply_to=msg)
+            else:
+                try:
+                    rep = client_app(msg, context)
+                except Exception as exc:  # the simulation runtime turns exceptions into error replies
+                    rep = Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
+            rep.metadata.__dict__["_src_node_id"] = msg.metadata.dst_node_id
+            self.replies.append(rep)
+            out.append(rep)
+        return out
