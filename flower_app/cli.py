@@ -12,7 +12,7 @@ from task.errors import ConfigError
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from flower_app.config import load_config, validate_with_data
+    from flower_app.config import load_variants, validate_with_data
     from flower_app.simulation import run_blocking
 
     overrides = list(args.overrides)
@@ -20,8 +20,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         out = Path(args.out).expanduser().resolve()
         overrides.append(f"out_dir={out}")
     try:
-        cfg = load_config(args.experiment, overrides)
-        validate_with_data(cfg)
+        variants = load_variants(args.experiment, overrides)
+        for variant in variants:
+            validate_with_data(variant)
+        cfg = variants[0]
     except ConfigError as err:
         print(f"flrep: configuration error: {err}", file=sys.stderr)
         return 2

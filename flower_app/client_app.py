@@ -10,12 +10,12 @@ from __future__ import annotations
 import functools
 
 import torch
-from flwr.app import Context, Message
+from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from flower_app.config import head_groups, initial_model, pick_device, run_config_of
 from strategies import ALGORITHMS
-from strategies.common import ClientRuntime, reply
+from strategies.common import ClientRuntime, reply, round_config
 from strategies.finetune import finetune
 from task.engine import TensorData
 from task.federated_data import build_federated_data
@@ -23,27 +23,40 @@ from task.federated_data import build_federated_data
 app = ClientApp()
 
 
-@functools.lru_cache(maxsize=4)
-def _worker_cache(experiment: str, overrides: str):
-    """Config, full train/test tensors on the device, model and initial weights (per process)."""
-    cfg = run_config_of({"experiment": experiment, "overrides": overrides})
+_device_data: dict[int, tuple] = {}
+
+
+def _data_on_device(fed, device: torch.device) -> tuple[TensorData, TensorData]:
+    """The full train/test arrays of ``fed``'s dataset as tensors on ``device`` (once per dataset)."""
+    key = id(fed.bundle)
+    if key not in _device_data:
+        bundle = fed.bundle
+        train = TensorData.from_arrays(bundle.train.x, bundle.train.y, device)
+        test = TensorData.from_arrays(bundle.test.x, bundle.test.y, device)
+        _device_data[key] = (bundle, train, test)  # the bundle is kept so its id stays unique
+    return _device_data[key][1], _device_data[key][2]
+
+
+@functools.lru_cache(maxsize=16)
+def _worker_cache(experiment: str, overrides: str, label: str | None):
+    """Config, data tensors on the device, model and initial weights (per process and variant)."""
+    cfg = run_config_of({"experiment": experiment, "overrides": overrides}, label)
     torch.set_num_threads(max(1, int(cfg.simulation.client_cpus)))
     device = pick_device(cfg)
     fed = build_federated_data(cfg.data, int(cfg.seed))
-    bundle = fed.bundle
-    train = TensorData.from_arrays(bundle.train.x, bundle.train.y, device)
-    test = TensorData.from_arrays(bundle.test.x, bundle.test.y, device)
-    model = initial_model(cfg, bundle).to(device)
+    train, test = _data_on_device(fed, device)
+    model = initial_model(cfg, fed.bundle).to(device)
     head = head_groups(cfg, model)
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
     return cfg, fed, train, test, model, head, initial, device
 
 
-def runtime_for(context: Context) -> ClientRuntime:
-    """Build this client's runtime from the run config and its node config."""
+def runtime_for(context: Context, content: RecordDict | None = None) -> ClientRuntime:
+    """This client's runtime for the run variant named in ``content`` (default: the first)."""
     rc = context.run_config
+    label = round_config(content).get("variant") if content is not None else None
     cfg, fed, train, test, model, head, initial, device = _worker_cache(
-        str(rc.get("experiment", "quickstart")), str(rc.get("overrides", ""))
+        str(rc.get("experiment", "quickstart")), str(rc.get("overrides", "")), label
     )
     pid = int(context.node_config["partition-id"])
     if not 0 <= pid < fed.num_clients:
@@ -75,7 +88,7 @@ def info(msg: Message, context: Context) -> Message:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """One training round of the configured algorithm."""
-    rt = runtime_for(context)
+    rt = runtime_for(context, msg.content)
     content = ALGORITHMS[rt.cfg.algorithm].train(rt, msg.content)
     return Message(content=content, reply_to=msg)
 
@@ -83,7 +96,7 @@ def train(msg: Message, context: Context) -> Message:
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     """Personalized evaluation on the local test split, with the model this client would use."""
-    rt = runtime_for(context)
+    rt = runtime_for(context, msg.content)
     algorithm = ALGORITHMS[rt.cfg.algorithm]
     if algorithm.evaluate is None:
         rt.load(msg.content["arrays"])
@@ -96,5 +109,5 @@ def evaluate(msg: Message, context: Context) -> Message:
 @app.train("finetune")
 def finetune_action(msg: Message, context: Context) -> Message:
     """+FT: fine-tune the final global model on local data, report before/after."""
-    rt = runtime_for(context)
+    rt = runtime_for(context, msg.content)
     return Message(content=finetune(rt, msg.content), reply_to=msg)

@@ -73,17 +73,53 @@ def load_config(experiment: str, overrides: str | Iterable[str] = ()) -> DictCon
     return cfg
 
 
+RESERVED_IN_COMPARE = ("compare", "out_dir", "data.num_clients")
+
+
+def load_variants(experiment: str, overrides: str | Iterable[str] = ()) -> tuple[DictConfig, ...]:
+    """The run's configuration, then one configuration per ``compare`` entry.
+
+    Each ``compare`` entry is a string of ``key=value`` overrides applied on top of the
+    run's own overrides; its ``label`` (default: its algorithm) names its results and its
+    client state, so labels must differ. All variants run on the same federation.
+    """
+    base_items = parse_overrides(overrides)
+    primary = load_config(experiment, base_items)
+    variants = [primary]
+    for i, entry in enumerate(primary.compare):
+        key = f"compare[{i}]"
+        _require(isinstance(entry, str), key, f"got {entry!r}, expected a string of key=value overrides")
+        items = parse_overrides(entry)
+        reserved = [item for item in items if item.split("=", 1)[0].strip() in RESERVED_IN_COMPARE]
+        _require(not reserved, key, f"{reserved} cannot differ between variants of one run")
+        try:
+            variants.append(load_config(experiment, [*base_items, *items, "compare=[]"]))
+        except ConfigError as err:
+            raise ConfigError(f"{key} ({entry!r}): {err}") from None
+    labels = [v.label for v in variants]
+    duplicates = sorted({label for label in labels if labels.count(label) > 1})
+    _require(not duplicates, "compare",
+             f"variants {labels} repeat the label(s) {duplicates}; add label=<name> to the entries")
+    return tuple(variants)
+
+
 @functools.lru_cache(maxsize=8)
-def config_from_run_config(experiment: str, overrides: str) -> DictConfig:
-    """Cached :func:`load_config` for the Flower run-config (one parse per process)."""
-    return load_config(experiment, overrides)
+def variants_from_run_config(experiment: str, overrides: str) -> tuple[DictConfig, ...]:
+    """Cached :func:`load_variants` for the Flower run-config (one parse per process)."""
+    return load_variants(experiment, overrides)
 
 
-def run_config_of(run_config: Mapping) -> DictConfig:
-    """The merged configuration described by a Flower ``context.run_config``."""
-    return config_from_run_config(
+def run_config_of(run_config: Mapping, label: str | None = None) -> DictConfig:
+    """The configuration (of variant ``label``; default the first) of a Flower ``context.run_config``."""
+    variants = variants_from_run_config(
         str(run_config.get("experiment", "quickstart")), str(run_config.get("overrides", ""))
     )
+    if label is None:
+        return variants[0]
+    for cfg in variants:
+        if cfg.label == label:
+            return cfg
+    raise ConfigError(f"label: this run has no variant {label!r}; variants: {[v.label for v in variants]}")
 
 
 def _require(ok: bool, key: str, message: str) -> None:
@@ -145,6 +181,7 @@ def validate(cfg: DictConfig) -> None:
                 "eval.final_window", "data.num_new_clients", "simulation.client_gpus"):
         _nonnegative(cfg, key)
     _positive(cfg, "simulation.client_cpus")
+    _require(OmegaConf.is_list(cfg.compare), "compare", f"got {cfg.compare!r}, expected a list of override strings")
     fraction = cfg.train.fraction
     _require(
         isinstance(fraction, (int, float)) and 0 < fraction <= 1,

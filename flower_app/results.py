@@ -16,14 +16,14 @@ from omegaconf import DictConfig, OmegaConf
 from flower_app.plots import plot_run
 
 
-def _clean(value: Any) -> Any:
+def clean_json(value: Any) -> Any:
     """JSON-safe value (NaN/inf become null)."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
+        return {str(k): clean_json(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
+        return [clean_json(v) for v in value]
     return value
 
 
@@ -40,7 +40,7 @@ class RunRecorder:
 
     def log(self, record: dict[str, Any]) -> None:
         """Append one record to ``metrics.jsonl``."""
-        record = _clean(record)
+        record = clean_json(record)
         self.records.append(record)
         with self.metrics_path.open("a") as fh:
             fh.write(json.dumps(record) + "\n")
@@ -48,7 +48,7 @@ class RunRecorder:
     def write_summary(self, summary: dict[str, Any]) -> Path:
         """Write ``summary.json``."""
         path = self.out_dir / "summary.json"
-        path.write_text(json.dumps(_clean(summary), indent=2) + "\n")
+        path.write_text(json.dumps(clean_json(summary), indent=2) + "\n")
         return path
 
     def plot(self, title: str) -> list[Path]:

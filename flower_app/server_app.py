@@ -14,7 +14,8 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 from omegaconf import DictConfig
 
-from flower_app.config import clients_per_round, pick_device, run_config_of, validate_with_data
+from flower_app.comparison import comparison_table, write_comparison
+from flower_app.config import clients_per_round, pick_device, validate_with_data, variants_from_run_config
 from flower_app.federation import Federation, NodeSubset, Traffic, connect, exchange, metric_of
 from flower_app.results import RunRecorder
 from flower_app.tracking import Tracker
@@ -101,7 +102,8 @@ class Experiment:
     # -- phases ---------------------------------------------------------------------------
     def train_round(self, t: int, fed: Federation) -> dict:
         pids = sample_clients(self.trainable, self.num_sampled, int(self.cfg.seed), t)
-        config = ConfigRecord({"lr": float(self.cfg.train.lr) * float(self.cfg.train.lr_decay) ** (t - 1)})
+        config = ConfigRecord({"lr": float(self.cfg.train.lr) * float(self.cfg.train.lr_decay) ** (t - 1),
+                               "variant": self.cfg.label})
         messages = list(self.strategy.configure_train(t, self.arrays, config, NodeSubset(self.grid, fed.nodes(pids))))
         replies, failed = exchange(self.grid, messages, self.traffic, fed, "train")
         new_arrays, metrics = self.strategy.aggregate_train(t, replies)
@@ -122,7 +124,7 @@ class Experiment:
             accs, losses = self.evaluator.per_client(self.trainable)
             failed: list[int] = []
         else:
-            content = RecordDict({CONFIG: ConfigRecord({"server-round": t})})
+            content = RecordDict({CONFIG: ConfigRecord({"server-round": t, "variant": self.cfg.label})})
             if self.algorithm.shared_keys is not None:
                 content[ARRAYS] = self.arrays
             messages = [Message(content, dst_node_id=n, message_type="evaluate") for n in fed.nodes(self.trainable)]
@@ -140,7 +142,8 @@ class Experiment:
         return record
 
     def finetune_phase(self, fed: Federation) -> dict:
-        content = RecordDict({ARRAYS: self.arrays, CONFIG: ConfigRecord({"epochs": int(self.cfg.finetune.epochs)})})
+        config = ConfigRecord({"epochs": int(self.cfg.finetune.epochs), "variant": self.cfg.label})
+        content = RecordDict({ARRAYS: self.arrays, CONFIG: config})
         messages = [Message(content, dst_node_id=n, message_type="train.finetune") for n in fed.nodes(self.trainable)]
         replies, failed = exchange(self.grid, messages, self.traffic, fed, "finetune")
         before, after = metric_of(replies, fed, "accuracy_before"), metric_of(replies, fed, "accuracy_after")
@@ -243,8 +246,28 @@ def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4f}"
 
 
+def run_variants(grid: Grid, variants: tuple[DictConfig, ...]) -> dict:
+    """Run each variant in turn on the same federation; with several, write the comparison."""
+    for cfg in variants:  # every variant's config and data errors stop the run before round 1
+        validate_with_data(cfg)
+    if len(variants) == 1:
+        return Experiment(grid, variants[0]).run()
+    base = output_dir(variants[0])
+    summaries, records = {}, {}
+    for cfg in variants:
+        cfg = cfg.copy()
+        cfg.out_dir = str(base / cfg.label)
+        experiment = Experiment(grid, cfg)
+        summaries[cfg.label] = experiment.run()
+        records[cfg.label] = experiment.recorder.records
+    summary = write_comparison(base, summaries, records, f"{variants[0].experiment}: {' vs '.join(summaries)}")
+    log(INFO, "[flrep] comparison (%s)\n%s", base / "comparison.md", comparison_table(summaries))
+    log(INFO, "[flrep] outputs: %s", base)
+    return summary
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Load and validate the configuration, then run the experiment."""
-    cfg = run_config_of(context.run_config)
-    Experiment(grid, cfg).run()
+    """Load and validate the configuration(s), then run the experiment."""
+    rc = context.run_config
+    run_variants(grid, variants_from_run_config(str(rc.get("experiment", "quickstart")), str(rc.get("overrides", ""))))

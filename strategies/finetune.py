@@ -29,7 +29,7 @@ def finetune(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     else:
         train(rt.model, rt.train, optimizer, batch, generator, epochs=int(ft.epochs), regression=rt.regression)
     after = rt.evaluate_local()
-    rt.state["finetuned-model"] = rt.arrays()
+    rt.state[rt.state_key("finetuned-model")] = rt.arrays()
     metrics = {f"{k}_before": v for k, v in before.items() if k != NUM_EXAMPLES}
     metrics.update({f"{k}_after": v for k, v in after.items() if k != NUM_EXAMPLES})
     return reply(None, **metrics, **{NUM_EXAMPLES: before[NUM_EXAMPLES]})

@@ -46,8 +46,8 @@ def make_strategy(cfg: DictConfig) -> Strategy:
 
 
 def _load_own_model(rt: ClientRuntime) -> None:
-    if STATE_KEY in rt.state:
-        rt.load(rt.state[STATE_KEY])
+    if rt.state_key(STATE_KEY) in rt.state:
+        rt.load(rt.state[rt.state_key(STATE_KEY)])
     else:
         rt.reset_model()
 
@@ -56,7 +56,7 @@ def train_locally(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     """Train the client's own model for the configured local epochs and keep it."""
     _load_own_model(rt)
     result = rt.local_training(round_config(content))
-    rt.state[STATE_KEY] = rt.arrays()
+    rt.state[rt.state_key(STATE_KEY)] = rt.arrays()
     return reply(None, train_loss=result.mean_loss, local_steps=result.steps, **{NUM_EXAMPLES: len(rt.train)})
 
 

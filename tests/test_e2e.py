@@ -24,8 +24,8 @@ def read_jsonl(path):
 @pytest.fixture(scope="module")
 def quickstart_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("quickstart")
-    proc = flrep_run("quickstart", "rounds=4", "eval.final_window=2", "finetune.enabled=true",
-                     "finetune.epochs=3", "wandb.enabled=true", "--out", str(out))
+    proc = flrep_run("quickstart", "algorithm=fedavg", "compare=[]", "rounds=4", "eval.final_window=2",
+                     "finetune.enabled=true", "finetune.epochs=3", "wandb.enabled=true", "--out", str(out))
     return proc, out
 
 
@@ -62,7 +62,7 @@ def test_quickstart_logs_progress_with_eta_and_output_path(quickstart_run):
 
 
 def test_local_only_runs_without_a_global_model(tmp_path):
-    proc = flrep_run("quickstart", "algorithm=local_only", "rounds=2", "eval.final_window=1",
+    proc = flrep_run("quickstart", "algorithm=local_only", "compare=[]", "rounds=2", "eval.final_window=1",
                      "wandb.enabled=false", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -80,8 +80,8 @@ def test_a_crashing_server_app_exits_non_zero(tmp_path):
 
 def test_same_seed_repeats_the_run(quickstart_run, tmp_path):
     _, first = quickstart_run
-    proc = flrep_run("quickstart", "rounds=4", "eval.final_window=2", "finetune.enabled=true",
-                     "finetune.epochs=3", "wandb.enabled=false", "--out", str(tmp_path))
+    proc = flrep_run("quickstart", "algorithm=fedavg", "compare=[]", "rounds=4", "eval.final_window=2",
+                     "finetune.enabled=true", "finetune.epochs=3", "wandb.enabled=false", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     a = [r for r in read_jsonl(first / "metrics.jsonl") if r["phase"] == "eval"]
     b = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["phase"] == "eval"]

@@ -82,11 +82,11 @@ def test_local_only_sends_no_arrays_and_keeps_its_model():
     assert payload_size(msgs[0].content) == (0, 0)
     content = ALGORITHMS["local_only"].train(rt, msgs[0].content)
     assert payload_size(content) == (0, 0)
-    kept = rt.state["local-model"]["fc1.1.weight"].numpy()
+    kept = rt.state[rt.state_key("local-model")]["fc1.1.weight"].numpy()
     assert not np.allclose(kept, rt.initial_state["fc1.1.weight"].numpy())
     rt.reset_model()  # evaluation must use the kept model, not whatever the model object holds
     metrics = ALGORITHMS["local_only"].evaluate(rt, RecordDict())[METRICS]
-    rt.load(rt.state["local-model"])
+    rt.load(rt.state[rt.state_key("local-model")])
     assert metrics["accuracy"] == pytest.approx(rt.evaluate_local()["accuracy"])
 
 
@@ -95,7 +95,7 @@ def test_finetune_reports_before_and_after_and_moves_only_the_head():
     arrays = ArrayRecord(rt.model.state_dict())
     out = finetune(rt, RecordDict({ARRAYS: arrays}))[METRICS]
     assert {"accuracy_before", "accuracy_after", "num-examples"} <= set(out.keys())
-    tuned = rt.state["finetuned-model"]
+    tuned = rt.state[rt.state_key("finetuned-model")]
     np.testing.assert_array_equal(tuned["fc1.1.weight"].numpy(), arrays["fc1.1.weight"].numpy())
     assert not np.allclose(tuned["fc2.weight"].numpy(), arrays["fc2.weight"].numpy())
 

@@ -1,0 +1,100 @@
+"""Results of a run with several variants (``compare``): one table, one summary, one plot.
+
+Each variant writes its own results contract under ``<out>/<label>/``; the run directory
+gets ``summary.json`` (the first variant's summary plus ``comparison``: every variant's
+headline numbers), ``comparison.md`` and ``plots/comparison.png``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from flower_app.results import clean_json  # noqa: E402
+
+#: (summary key, column title) of the comparison table, shown when any variant has a value.
+COLUMNS = (
+    ("personalized_accuracy", "personalized acc (final-window mean)"),
+    ("personalized_accuracy_worst10", "worst 10% clients"),
+    ("global_accuracy", "global acc"),
+    ("finetune_accuracy_after", "+FT acc"),
+    ("newclient_accuracy", "new-client acc"),
+    ("personalized_loss", "personalized loss"),
+    ("representation_distance", "dist(B, B*)"),
+    ("params_up", "params up"),
+    ("wall_time_s", "wall s"),
+)
+
+
+def _fmt(key: str, value) -> str:
+    if value is None:
+        return "n/a"
+    if key.startswith("params"):
+        return f"{value:.3g}"
+    if key == "wall_time_s":
+        return f"{value:.0f}"
+    return f"{value:.4g}" if key in ("personalized_loss", "representation_distance") else f"{value:.4f}"
+
+
+def comparison_table(summaries: dict[str, dict]) -> str:
+    """A Markdown table: one row per variant, the COLUMNS any variant reports."""
+    cols = [(k, t) for k, t in COLUMNS if any(s.get(k) is not None for s in summaries.values())]
+    lines = ["| variant | " + " | ".join(t for _, t in cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for label, s in summaries.items():
+        lines.append(f"| {label} | " + " | ".join(_fmt(k, s.get(k)) for k, _ in cols) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_comparison(records: dict[str, list[dict]], path: Path, title: str) -> Path:
+    """Personalized (solid) and global (dashed) accuracy per variant against rounds."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    has_distance = any(r.get("representation_distance") is not None for recs in records.values() for r in recs)
+    fig, axes = plt.subplots(1, 2 if has_distance else 1, figsize=(12 if has_distance else 7, 4.5), squeeze=False)
+    ax = axes[0][0]
+    for i, (label, recs) in enumerate(records.items()):
+        evals = [r for r in recs if r.get("phase") == "eval"]
+        color = f"C{i}"
+        for key, style, suffix in (("personalized_accuracy", "-", ""), ("global_accuracy", "--", " (global)"),
+                                   ("personalized_loss", ":", " (loss)")):
+            pts = [(r["round"], r[key]) for r in evals if r.get(key) is not None]
+            if pts and (key != "personalized_loss" or all(r.get("personalized_accuracy") is None for r in evals)):
+                ax.plot(*zip(*pts), style, color=color, label=label + suffix)
+    ax.set(xlabel="round", ylabel="test accuracy (loss for regression)", title=title)
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend(fontsize=8)
+    if has_distance:
+        ax2 = axes[0][1]
+        for i, (label, recs) in enumerate(records.items()):
+            pts = [(r["round"], r["representation_distance"]) for r in recs if r.get("representation_distance") is not None]
+            if pts:
+                ax2.semilogy(*zip(*pts), color=f"C{i}", label=label)
+        ax2.set(xlabel="round", ylabel="dist(B, B*)", title="principal-angle distance to the true representation")
+        ax2.grid(alpha=0.3, which="both")
+        ax2.legend(fontsize=8)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def write_comparison(out_dir: Path, summaries: dict[str, dict], records: dict[str, list[dict]], title: str) -> dict:
+    """Write summary.json, comparison.md and plots/comparison.png; return the summary."""
+    first = next(iter(summaries.values()))
+    summary = dict(first)
+    summary.update(
+        status="completed" if all(s.get("status") == "completed" for s in summaries.values()) else "failed",
+        variants=list(summaries),
+        out_dir=str(out_dir),
+        comparison={label: {k: s.get(k) for k, _ in COLUMNS} | {"out_dir": s.get("out_dir")}
+                    for label, s in summaries.items()},
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "comparison.md").write_text(f"# {title}\n\n" + comparison_table(summaries))
+    plot_comparison(records, out_dir / "plots" / "comparison.png", title)
+    (out_dir / "summary.json").write_text(json.dumps(clean_json(summary), indent=2) + "\n")
+    return summary

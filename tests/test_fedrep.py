@@ -1,0 +1,214 @@
+"""FedRep and FedPer: what leaves the client, the kept head, the frozen phases, cold starts."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+
+from flower_app.config import load_config, load_variants
+from flower_app.server_app import run_variants
+from strategies import fedrep
+from strategies.common import ARRAYS, CONFIG, METRICS, ClientRuntime, body_keys, head_keys
+from task.engine import TensorData, evaluate
+from task.errors import ConfigError
+from task.models import build_model
+from tests.local_grid import LocalGrid
+
+
+def make_runtime(algorithm="fedrep", overrides=(), seed=0, state=None):
+    cfg = load_config("quickstart", [f"algorithm={algorithm}", "compare=[]", *overrides])
+    torch.manual_seed(cfg.seed)
+    model = build_model("digits_mlp", (1, 8, 8), 10)
+    g = torch.Generator().manual_seed(seed)
+    train = TensorData(torch.randn(40, 1, 8, 8, generator=g), torch.randint(0, 10, (40,), generator=g))
+    test = TensorData(torch.randn(20, 1, 8, 8, generator=g), torch.randint(0, 10, (20,), generator=g))
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    return ClientRuntime(cfg, seed, torch.device("cpu"), train, test, model, ["fc2"], initial,
+                         state=state if state is not None else RecordDict())
+
+
+def body_message(rt, server_round=1):
+    state = rt.model.state_dict()
+    arrays = ArrayRecord({k: state[k].clone() for k in body_keys(rt.model, rt.cfg)})
+    config = ConfigRecord({"server-round": server_round, "lr": float(rt.cfg.train.lr), "variant": rt.cfg.label})
+    return RecordDict({ARRAYS: arrays, CONFIG: config})
+
+
+def snapshot(model, keys):
+    state = model.state_dict()
+    return {k: state[k].clone() for k in keys}
+
+
+@pytest.mark.parametrize("algorithm", ["fedrep", "fedper"])
+def test_no_head_parameter_ever_leaves_a_client(tmp_path, algorithm):
+    overrides = f"algorithm={algorithm} compare=[] rounds=3 wandb.enabled=false out_dir={tmp_path}"
+    grid = LocalGrid(20, {"experiment": "quickstart", "overrides": overrides})
+    summary = run_variants(grid, load_variants("quickstart", overrides))
+    assert summary["status"] == "completed"
+    model = build_model("digits_mlp", (1, 8, 8), 10)
+    cfg = load_config("quickstart", overrides.split())
+    head, body = set(head_keys(model, cfg)), set(body_keys(model, cfg))
+    assert head == {"fc2.weight", "fc2.bias"}
+    train_replies = [r for r in grid.replies if r.metadata.message_type == "train"]
+    assert len(train_replies) == 3 * 5
+    for msg in grid.sent + grid.replies:
+        for record in msg.content.array_records.values():
+            assert not head & set(record), f"{msg.metadata.message_type} message carried head arrays"
+    for rep in train_replies:
+        assert set(rep.content[ARRAYS]) == body
+    # the server's traffic count matches: body parameters only, 5 clients x 3 rounds
+    body_params = sum(model.state_dict()[k].numel() for k in body)
+    assert summary["params_up"] == 15 * body_params
+
+
+def test_head_survives_across_rounds_in_client_state():
+    state = RecordDict()
+    rt = make_runtime(state=state)
+    rt.reset_model()
+    fedrep.train_fedrep(rt, body_message(rt, 1))
+    kept = state[rt.state_key("head")].to_torch_state_dict()
+    # another client runs on the same (worker-shared) model object and changes its head
+    other = make_runtime(seed=1)
+    other.model = rt.model
+    fedrep.train_fedrep(other, body_message(other, 1))
+    assert not torch.equal(rt.model.state_dict()["fc2.weight"], kept["fc2.weight"])
+    # round 2 of the first client starts from its own kept head, not the model's current one
+    seen = {}
+    real_fit = fedrep.fit_head
+
+    def spy(rt_, *args, **kwargs):
+        seen.update(snapshot(rt_.model, ["fc2.weight", "fc2.bias"]))
+        return real_fit(rt_, *args, **kwargs)
+
+    fedrep.fit_head = spy
+    try:
+        fedrep.train_fedrep(rt, body_message(rt, 2))
+    finally:
+        fedrep.fit_head = real_fit
+    for key, value in kept.items():
+        torch.testing.assert_close(seen[key], value)
+
+
+def test_each_phase_leaves_the_frozen_part_unchanged(monkeypatch):
+    rt = make_runtime()
+    rt.reset_model()
+    head, body = head_keys(rt.model, rt.cfg), body_keys(rt.model, rt.cfg)
+    body_before = snapshot(rt.model, body)
+    head_before = snapshot(rt.model, head)
+    fedrep.fit_head(rt, 1)
+    for k, v in snapshot(rt.model, body).items():
+        assert torch.equal(v, body_before[k]), f"head phase changed body {k}"
+    assert any(not torch.equal(v, head_before[k]) for k, v in snapshot(rt.model, head).items())
+
+    calls = []
+    real_train = fedrep.train
+
+    def body_phase(model, *args, **kwargs):
+        before = snapshot(model, head + body)
+        result = real_train(model, *args, **kwargs)
+        after = snapshot(model, head + body)
+        calls.append((before, after))
+        return result
+
+    monkeypatch.setattr(fedrep, "train", body_phase)
+    fedrep.train_fedrep(rt, body_message(rt, 1))
+    (before, after), = calls
+    for k in head:
+        assert torch.equal(before[k], after[k]), f"body phase changed head {k}"
+    assert any(not torch.equal(before[k], after[k]) for k in body)
+
+
+def test_weight_decay_does_not_touch_the_frozen_head():
+    rt = make_runtime(overrides=["train.weight_decay=0.1", "fedrep.head_epochs=0"])
+    rt.reset_model()
+    head_before = snapshot(rt.model, head_keys(rt.model, rt.cfg))
+    fedrep.train_fedrep(rt, body_message(rt, 1))
+    kept = rt.state[rt.state_key("head")].to_torch_state_dict()
+    for k, v in head_before.items():
+        assert torch.equal(kept[k], v)
+
+
+def test_fedper_trains_head_and_body_jointly_and_keeps_the_head():
+    from strategies import fedper
+
+    rt = make_runtime("fedper")
+    rt.reset_model()
+    start = snapshot(rt.model, list(rt.model.state_dict()))
+    out = fedper.train_fedper(rt, body_message(rt, 1))
+    kept = rt.state[rt.state_key("head")].to_torch_state_dict()
+    assert set(out[ARRAYS]) == set(body_keys(rt.model, rt.cfg))
+    assert all(not torch.equal(kept[k], start[k]) for k in kept)
+    assert all(not torch.equal(torch.from_numpy(out[ARRAYS][k].numpy()), start[k]) for k in ("fc1.1.weight",))
+    assert out[METRICS]["local_steps"] == 4  # 40 samples, batch 10, one epoch
+
+
+@pytest.mark.parametrize("algorithm", ["fedrep", "fedper"])
+def test_never_sampled_client_is_evaluated_with_a_head_fitted_on_its_data(algorithm):
+    rt = make_runtime(algorithm)
+    rt.reset_model()
+    algo = {"fedrep": fedrep.ALGORITHM}.get(algorithm) or __import__("strategies").ALGORITHMS[algorithm]
+    content = body_message(rt, 3)
+    result = algo.evaluate(rt, content)[METRICS]
+    assert rt.state_key("head") not in rt.state  # evaluation keeps nothing
+    reference = make_runtime(algorithm)
+    reference.reset_model()
+    random_head = evaluate(reference.model, reference.train).accuracy
+    fedrep.fit_head(reference, 3, fedrep.COLD_START_SALT)
+    assert result["accuracy"] == pytest.approx(evaluate(reference.model, reference.test).accuracy)
+    assert evaluate(reference.model, reference.train).accuracy > random_head + 0.2
+
+
+def test_exact_head_solver_is_least_squares_and_orthonormalize_keeps_the_span():
+    model = build_model("linear_rep", (6,), 1, rep_dim=2)
+    g = torch.Generator().manual_seed(0)
+    data = TensorData(torch.randn(30, 6, generator=g), torch.randn(30, generator=g))
+    from task.engine import fit_head_least_squares
+
+    fit_head_least_squares(model, ["head"], data)
+    z = (data.x @ model.body.weight.T).double()
+    w = torch.linalg.lstsq(z, data.y.double().unsqueeze(1)).solution.T
+    torch.testing.assert_close(model.head.weight.double(), w, rtol=1e-5, atol=1e-6)
+
+    weight = torch.randn(2, 6, generator=g)
+    out = fedrep.orthonormalize_body(ArrayRecord({"body.weight": weight})).to_torch_state_dict()["body.weight"]
+    torch.testing.assert_close(out @ out.T, torch.eye(2), rtol=0, atol=1e-6)
+    # same row space: projecting the old rows onto the new basis loses nothing
+    torch.testing.assert_close(weight @ out.T @ out, weight, rtol=1e-5, atol=1e-5)
+
+
+def test_exact_solver_needs_regression_and_orthonormalize_needs_the_linear_model():
+    from flower_app.config import validate_with_data
+
+    with pytest.raises(ConfigError, match="fedrep.head_solver"):
+        validate_with_data(load_config("quickstart", ["fedrep.head_solver=exact"]))
+    with pytest.raises(ConfigError, match="fedrep.orthonormalize"):
+        load_config("quickstart", ["fedrep.orthonormalize=true"])
+
+
+def test_variants_need_distinct_labels_and_report_the_bad_entry():
+    with pytest.raises(ConfigError, match="label"):
+        load_variants("quickstart", ["compare=[algorithm=fedrep]"])
+    with pytest.raises(ConfigError, match=r"compare\[0\].*algorithm"):
+        load_variants("quickstart", ["compare=[algorithm=nope]"])
+    with pytest.raises(ConfigError, match=r"compare\[0\].*cannot differ"):
+        load_variants("quickstart", ["compare=['algorithm=fedavg data.num_clients=5']"])
+    labels = [v.label for v in load_variants("quickstart", ["compare=['algorithm=fedavg', 'algorithm=fedavg label=dsgd train.local_steps=1']"])]
+    assert labels == ["fedrep", "fedavg", "dsgd"]
+
+
+def test_quickstart_compares_fedrep_with_fedavg(tmp_path):
+    overrides = f"wandb.enabled=false out_dir={tmp_path}"
+    grid = LocalGrid(20, {"experiment": "quickstart", "overrides": overrides})
+    summary = run_variants(grid, load_variants("quickstart", overrides))
+    assert summary["variants"] == ["fedrep", "fedavg"]
+    comp = summary["comparison"]
+    assert comp["fedrep"]["personalized_accuracy"] > comp["fedavg"]["personalized_accuracy"] + 0.05
+    assert comp["fedrep"]["global_accuracy"] is None and comp["fedavg"]["global_accuracy"] > 0.5
+    table = (tmp_path / "comparison.md").read_text()
+    assert "| fedrep |" in table and "| fedavg |" in table
+    for label in ("fedrep", "fedavg"):
+        assert (tmp_path / label / "metrics.jsonl").is_file()
+        assert (tmp_path / label / "summary.json").is_file()
+    assert (tmp_path / "plots" / "comparison.png").stat().st_size > 0
