@@ -27,6 +27,7 @@ CONF_DIR = PROJECT_DIR / "conf"
 SERVER_OPTS = ("none", "fedavgm", "fedadam")
 FINETUNE_PARTS = ("head", "full")
 HEAD_SOLVERS = ("sgd", "exact")
+MODEL_INITS = ("default", "scaled_orthonormal")
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -161,6 +162,14 @@ def validate(cfg: DictConfig) -> None:
     _choice(cfg, "finetune.part", FINETUNE_PARTS)
     _choice(cfg, "simulation.device", DEVICES)
     _choice(cfg, "fedrep.head_solver", HEAD_SOLVERS)
+    _choice(cfg, "model.init", MODEL_INITS)
+    _require(cfg.model.init == "default" or cfg.model.name == "linear_rep", "model.init",
+             f"'scaled_orthonormal' is defined for model.name=linear_rep, got {cfg.model.name!r}")
+    _positive(cfg, "new_clients.lr", allow_none=True)
+    _positive(cfg, "new_clients.tasks", integer=True)
+    samples = cfg.new_clients.samples
+    _require(OmegaConf.is_list(samples) and all(isinstance(n, int) and n >= 1 for n in samples),
+             "new_clients.samples", f"got {samples!r}, expected a list of sample counts >= 1")
     _require(isinstance(cfg.fedrep.orthonormalize, bool), "fedrep.orthonormalize",
              f"got {cfg.fedrep.orthonormalize!r}, expected true or false")
     _require(not cfg.fedrep.orthonormalize or cfg.model.name == "linear_rep", "fedrep.orthonormalize",
@@ -177,7 +186,7 @@ def validate(cfg: DictConfig) -> None:
     _positive(cfg, "train.lr_decay")
     _positive(cfg, "finetune.lr", allow_none=True)
     _positive(cfg, "server_opt.lr")
-    for key in ("train.momentum", "train.weight_decay", "fedprox.mu", "finetune.epochs", "fedrep.head_epochs",
+    for key in ("train.momentum", "train.weight_decay", "fedprox.mu", "finetune.epochs", "fedrep.head_epochs", "new_clients.epochs",
                 "eval.final_window", "data.num_new_clients", "simulation.client_gpus"):
         _nonnegative(cfg, key)
     _positive(cfg, "simulation.client_cpus")
@@ -239,7 +248,12 @@ def initial_model(cfg: DictConfig, bundle):
     from task.models import build_model
 
     torch.manual_seed(int(cfg.seed))
-    return build_model(cfg.model.name, tuple(bundle.input_shape), int(bundle.num_classes), rep_dim=int(cfg.data.synthetic.k))
+    model = build_model(cfg.model.name, tuple(bundle.input_shape), int(bundle.num_classes), rep_dim=int(cfg.data.synthetic.k))
+    if cfg.model.init == "scaled_orthonormal":
+        from task.linear_rep import scaled_orthonormal_init
+
+        scaled_orthonormal_init(model, float(cfg.train.lr), torch.Generator().manual_seed(int(cfg.seed)))
+    return model
 
 
 def pick_device(cfg: DictConfig):

@@ -23,6 +23,7 @@ from strategies import ALGORITHMS
 from strategies.base import Algorithm
 from strategies.common import ARRAYS, CONFIG
 from task.engine import TensorData, evaluate
+from task.linear_rep import global_gradient_norm, new_client_errors, principal_angle_distance
 from task.errors import ConfigError
 from task.federated_data import FederatedData
 from task.metrics import client_spread, final_window_mean
@@ -30,6 +31,10 @@ from task.models import SplitModel
 from task.sampling import sample_clients
 
 app = ServerApp()
+
+#: Progress-line fields shown when a round reports them (regression and linear-representation runs).
+EXTRA_PROGRESS = (("personalized_loss", "personalized loss"), ("representation_distance", "dist(B,B*)"),
+                  ("global_grad_norm", "grad norm"))
 
 
 def output_dir(cfg: DictConfig) -> Path:
@@ -62,6 +67,23 @@ class ServerEvaluator:
     def global_metric(self) -> tuple[float | None, float]:
         res = evaluate(self.model, self._split(self.fed.global_test), self.batch, self.regression)
         return res.accuracy, res.loss
+
+    @property
+    def linear(self) -> bool:
+        """Whether this is the linear representation setting (ground truth B* known)."""
+        return "B_star" in self.fed.bundle.meta and "body" in self.model.group_names
+
+    def linear_metrics(self, arrays: ArrayRecord, pids: list[int], global_model: bool) -> dict:
+        """dist(B, B*) of the shared body; the global-loss gradient norm for a global model."""
+        state = arrays.to_torch_state_dict()
+        b = state["body.weight"].double().numpy().T
+        out = {"representation_distance": principal_angle_distance(b, self.fed.bundle.meta["B_star"])}
+        if global_model:
+            train = self.fed.bundle.train
+            idx = np.concatenate([self.fed.client_train[p] for p in pids])
+            data = TensorData.from_arrays(train.x[idx], train.y[idx], self.test.y.device)
+            out["global_grad_norm"] = global_gradient_norm(self.model, data)
+        return out
 
     def per_client(self, pids: list[int]) -> tuple[dict[int, float], dict[int, float]]:
         acc, loss = {}, {}
@@ -120,6 +142,8 @@ class Experiment:
         if self.algorithm.shared_keys is not None and self.algorithm.global_model:
             self.evaluator.load(self.arrays)
             record["global_accuracy"], record["global_loss"] = self.evaluator.global_metric()
+        if self.evaluator.linear and self.algorithm.shared_keys is not None:
+            record.update(self.evaluator.linear_metrics(self.arrays, self.trainable, self.algorithm.global_model))
         if self.algorithm.evaluate is None:
             accs, losses = self.evaluator.per_client(self.trainable)
             failed: list[int] = []
@@ -158,6 +182,18 @@ class Experiment:
             "failed_clients": failed,
         }
 
+    def linear_new_clients(self) -> dict:
+        """New linear tasks fit a least-squares head on n samples with the learned B (FedRep Fig. 4)."""
+        cfg, meta = self.cfg, self.data.bundle.meta
+        b = self.arrays.to_torch_state_dict()["body.weight"].double().numpy().T
+        errors = new_client_errors(b, meta["B_star"], list(cfg.new_clients.samples), int(cfg.new_clients.tasks),
+                                   float(meta["noise"]), float(cfg.data.synthetic.head_scale), int(cfg.seed))
+        log(INFO, "[flrep] new linear clients, error |Bw - B*w*|^2 by samples n: %s (local only: %s)",
+            {n: f"{e:.3g}" for n, e in errors["head_on_learned_b"].items()},
+            {n: f"{e:.3g}" for n, e in errors["local_only"].items()})
+        return {"round": int(cfg.rounds), "phase": "newclients", "newclient_error": errors["head_on_learned_b"],
+                "newclient_error_local_only": errors["local_only"]}
+
     def should_evaluate(self, t: int) -> bool:
         cfg = self.cfg
         return t % int(cfg.eval.every) == 0 or t > int(cfg.rounds) - int(cfg.eval.final_window) or t == 1
@@ -182,9 +218,11 @@ class Experiment:
                 self.recorder.log(eval_record)
                 self.tracker.log({f"eval/{k}": v for k, v in eval_record.items()}, step=t)
                 eta = (time.monotonic() - loop_start) / t * (rounds - t)
-                log(INFO, "[flrep] round %d/%d | personalized acc %s | global acc %s | elapsed %.1fs | ETA %.1fs",
+                extra = "".join(f" | {name} {_fmt(eval_record.get(key))}" for key, name in EXTRA_PROGRESS
+                                if eval_record.get(key) is not None)
+                log(INFO, "[flrep] round %d/%d | personalized acc %s | global acc %s%s | elapsed %.1fs | ETA %.1fs",
                     t, rounds, _fmt(eval_record["personalized_accuracy"]), _fmt(eval_record.get("global_accuracy")),
-                    time.monotonic() - self.start, eta)
+                    extra, time.monotonic() - self.start, eta)
         finetune = None
         if cfg.finetune.enabled:
             finetune = self.finetune_phase(fed)
@@ -192,6 +230,8 @@ class Experiment:
             self.recorder.log(finetune)
             log(INFO, "[flrep] +FT: personalized acc before %s, after %s fine-tuning",
                 _fmt(finetune["accuracy_before"]), _fmt(finetune["accuracy_after"]))
+        if self.evaluator.linear and self.algorithm.shared_keys is not None:
+            self.recorder.log(self.linear_new_clients())
         summary = self.summary(finetune)
         self.recorder.write_summary(summary)
         self.recorder.plot(self.name)
@@ -228,12 +268,19 @@ class Experiment:
             "global_accuracy": final("global_accuracy"),
             "global_accuracy_last": evals[-1].get("global_accuracy") if evals else None,
             "final_window": window,
-            "failed_client_replies": sum(len(r["failed_clients"]) for r in self.recorder.records),
+            "failed_client_replies": sum(len(r.get("failed_clients", [])) for r in self.recorder.records),
             "rounds_without_update": sum(1 for r in trains if len(r["failed_clients"]) == len(r["clients"])),
             "wall_time_s": time.monotonic() - self.start,
             "out_dir": str(self.out_dir),
         }
         summary.update(self.traffic.as_dict())
+        if self.evaluator.linear and evals:
+            summary["representation_distance"] = evals[-1].get("representation_distance")
+            summary["global_grad_norm"] = evals[-1].get("global_grad_norm")
+        for record in self.recorder.records:
+            if record["phase"] == "newclients" and "newclient_error" in record:
+                summary["newclient_error"] = record["newclient_error"]
+                summary["newclient_error_local_only"] = record["newclient_error_local_only"]
         if finetune is not None:
             summary["finetune_accuracy_before"] = finetune["accuracy_before"]
             summary["finetune_accuracy_after"] = finetune["accuracy_after"]
@@ -243,7 +290,7 @@ class Experiment:
 
 
 def _fmt(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.4f}"
+    return "n/a" if value is None else f"{value:.4g}"
 
 
 def run_variants(grid: Grid, variants: tuple[DictConfig, ...]) -> dict:

@@ -15,6 +15,10 @@ Config keys (``data.name: synthetic_linear``; sub-section ``data.synthetic``):
 * ``data.synthetic.n_test`` (default 100): test samples per client.
 * ``data.synthetic.noise`` (default 0.01): standard deviation of the additive noise (>= 0).
 * ``data.synthetic.head_scale`` (default 1.0): multiplies the heads ``w*_i`` (> 0).
+* ``data.synthetic.whiten`` (default false): whiten each client's train inputs so that
+  ``X_iᵀX_i / n_train = I`` exactly (needs ``n_train >= d``). The empirical loss is then the
+  population loss of the papers' analysis plus noise, which removes the finite-sample bias
+  of the fixed point (FedAvg-FT §5.1 and Figure 1 use population losses).
 * ``data.synthetic.seed`` (default 0): generator seed (independent of the run seed so
   every algorithm and every run seed sees the same tasks unless it is set, e.g. to
   ``${seed}``).
@@ -33,7 +37,8 @@ import numpy as np
 from task.errors import ConfigError
 from task.sources import ArrayData, DataBundle, cfg_get, get_float, get_int
 
-SYNTHETIC_DEFAULTS = {"d": 20, "k": 2, "n_train": 10, "n_test": 100, "noise": 0.01, "head_scale": 1.0, "seed": 0}
+SYNTHETIC_DEFAULTS = {"d": 20, "k": 2, "n_train": 10, "n_test": 100, "noise": 0.01, "head_scale": 1.0, "seed": 0,
+                      "whiten": False}
 DEFAULT_NUM_CLIENTS = 100
 
 
@@ -46,6 +51,7 @@ def make_linear_tasks(
     noise: float,
     seed: int,
     head_scale: float = 1.0,
+    whiten: bool = False,
 ) -> tuple[DataBundle, list[np.ndarray], list[np.ndarray], np.ndarray]:
     """Generate the pooled regression bundle, per-client train/test indices and ``B*``.
 
@@ -65,6 +71,8 @@ def make_linear_tasks(
         raise ConfigError(f"data.synthetic.n_test={n_test} is invalid: expected an integer >= 1")
     if not noise >= 0:
         raise ConfigError(f"data.synthetic.noise={noise} is invalid: expected a number >= 0")
+    if whiten and n_train < d:
+        raise ConfigError(f"data.synthetic.whiten needs n_train >= d, got n_train={n_train} < d={d}")
     if not head_scale > 0:
         raise ConfigError(f"data.synthetic.head_scale={head_scale} is invalid: expected a number > 0")
 
@@ -74,13 +82,18 @@ def make_linear_tasks(
     heads = rng.standard_normal((num_clients, k)) * head_scale
     thetas = heads @ b_star.T  # (num_clients, d): theta_i = B* w*_i
 
-    def split(n_per: int) -> ArrayData:
+    def split(n_per: int, white: bool = False) -> ArrayData:
         x = rng.standard_normal((num_clients * n_per, d))
+        if white:
+            for i in range(num_clients):
+                rows = slice(i * n_per, (i + 1) * n_per)
+                evals, evecs = np.linalg.eigh(x[rows].T @ x[rows] / n_per)
+                x[rows] = x[rows] @ (evecs * evals ** -0.5) @ evecs.T
         owner = np.repeat(np.arange(num_clients, dtype=np.int64), n_per)
         y = np.einsum("nd,nd->n", x, thetas[owner]) + noise * rng.standard_normal(num_clients * n_per)
         return ArrayData(x.astype(np.float32), y.astype(np.float32), owner)
 
-    train = split(n_train)
+    train = split(n_train, whiten)
     test = split(n_test)
     client_train = [np.arange(i * n_train, (i + 1) * n_train, dtype=np.int64) for i in range(num_clients)]
     client_test = [np.arange(i * n_test, (i + 1) * n_test, dtype=np.int64) for i in range(num_clients)]
@@ -111,7 +124,15 @@ def synthetic_params(data_cfg: Mapping) -> dict:
         "noise": get_float(syn, "noise", SYNTHETIC_DEFAULTS["noise"], ge=0.0, prefix=p),
         "head_scale": get_float(syn, "head_scale", SYNTHETIC_DEFAULTS["head_scale"], gt=0.0, prefix=p),
         "seed": get_int(syn, "seed", SYNTHETIC_DEFAULTS["seed"], lo=0, prefix=p),
+        "whiten": _get_bool(syn, "whiten", p),
     }
+
+
+def _get_bool(syn: Mapping, key: str, prefix: str) -> bool:
+    value = cfg_get(syn, key, False)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{prefix}{key}={value!r} is invalid: expected true or false")
+    return value
 
 
 def bundle_from_cfg(data_cfg: Mapping) -> DataBundle:
