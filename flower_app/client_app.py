@@ -17,6 +17,7 @@ from flower_app.config import head_groups, initial_model, pick_device, run_confi
 from strategies import ALGORITHMS
 from strategies.common import ClientRuntime, reply, round_config
 from strategies.finetune import finetune
+from strategies.new_clients import adapt_head
 from task.engine import TensorData
 from task.federated_data import build_federated_data
 
@@ -111,3 +112,10 @@ def finetune_action(msg: Message, context: Context) -> Message:
     """+FT: fine-tune the final global model on local data, report before/after."""
     rt = runtime_for(context, msg.content)
     return Message(content=finetune(rt, msg.content), reply_to=msg)
+
+
+@app.train("newclient")
+def newclient_action(msg: Message, context: Context) -> Message:
+    """New client: fit a fresh head on the frozen learned representation, report accuracy per epoch."""
+    rt = runtime_for(context, msg.content)
+    return Message(content=adapt_head(rt, msg.content), reply_to=msg)

@@ -54,7 +54,9 @@ def plot_comparison(records: dict[str, list[dict]], path: Path, title: str) -> P
     """Personalized (solid) and global (dashed) accuracy per variant against rounds."""
     path.parent.mkdir(parents=True, exist_ok=True)
     has_distance = any(r.get("representation_distance") is not None for recs in records.values() for r in recs)
-    fig, axes = plt.subplots(1, 2 if has_distance else 1, figsize=(12 if has_distance else 7, 4.5), squeeze=False)
+    has_new = any(r.get("newclient_accuracy_by_epoch") for recs in records.values() for r in recs)
+    panels = 1 + has_distance + has_new
+    fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 4.5), squeeze=False)
     ax = axes[0][0]
     for i, (label, recs) in enumerate(records.items()):
         evals = [r for r in recs if r.get("phase") == "eval"]
@@ -77,6 +79,16 @@ def plot_comparison(records: dict[str, list[dict]], path: Path, title: str) -> P
         ax2.set(xlabel="round", ylabel="dist(B, B*)", title="principal-angle distance to the true representation")
         ax2.grid(alpha=0.3, which="both")
         ax2.legend(fontsize=8)
+    if has_new:
+        ax3 = axes[0][panels - 1]
+        for i, (label, recs) in enumerate(records.items()):
+            curve = next((r["newclient_accuracy_by_epoch"] for r in recs if r.get("newclient_accuracy_by_epoch")), None)
+            if curve:
+                ax3.plot(range(len(curve)), curve, marker="o", color=f"C{i}", label=label)
+        ax3.set(xlabel="head epochs on the new client", ylabel="new-client test accuracy",
+                title="new clients: fresh head on the frozen representation")
+        ax3.grid(alpha=0.3)
+        ax3.legend(fontsize=8)
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return path

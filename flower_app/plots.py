@@ -41,4 +41,15 @@ def plot_run(records: list[dict], plots_dir: Path, title: str) -> list[Path]:
     written.append(plots_dir / "client_spread.png")
     fig.savefig(written[-1], dpi=120, bbox_inches="tight")
     plt.close(fig)
+
+    curves = [r["newclient_accuracy_by_epoch"] for r in records if r.get("newclient_accuracy_by_epoch")]
+    if curves:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot(range(len(curves[-1])), curves[-1], marker="o")
+        ax.set(xlabel="head epochs on the new client", ylabel="new-client test accuracy",
+               title=f"{title}: new clients, head only")
+        ax.grid(alpha=0.3)
+        written.append(plots_dir / "newclients.png")
+        fig.savefig(written[-1], dpi=120, bbox_inches="tight")
+        plt.close(fig)
     return written

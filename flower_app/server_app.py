@@ -21,7 +21,7 @@ from flower_app.results import RunRecorder
 from flower_app.tracking import Tracker
 from strategies import ALGORITHMS
 from strategies.base import Algorithm
-from strategies.common import ARRAYS, CONFIG
+from strategies.common import ARRAYS, CONFIG, body_keys
 from task.engine import TensorData, evaluate
 from task.linear_rep import global_gradient_norm, new_client_errors, principal_angle_distance
 from task.errors import ConfigError
@@ -182,6 +182,24 @@ class Experiment:
             "failed_clients": failed,
         }
 
+    def new_client_phase(self, fed: Federation) -> dict:
+        """Held-out clients adapt a fresh head on the frozen body; mean accuracy per head epoch."""
+        body = body_keys(self.model, self.cfg)
+        arrays = ArrayRecord({k: self.arrays[k] for k in self.arrays if k in body})
+        config = ConfigRecord({"epochs": int(self.cfg.new_clients.epochs), "variant": self.cfg.label})
+        content = RecordDict({ARRAYS: arrays, CONFIG: config})
+        messages = [Message(content, dst_node_id=n, message_type="train.newclient") for n in fed.nodes(self.data.new_clients)]
+        replies, failed = exchange(self.grid, messages, self.traffic, fed, "newclient")
+        curve = []
+        for epoch in range(int(self.cfg.new_clients.epochs) + 1):
+            accs = metric_of(replies, fed, f"accuracy_epoch_{epoch}")
+            curve.append(client_spread(accs.values())["mean"] if accs else None)
+        last = metric_of(replies, fed, f"accuracy_epoch_{int(self.cfg.new_clients.epochs)}")
+        log(INFO, "[flrep] new clients (%d): head-only accuracy by epoch %s", len(messages),
+            " ".join(_fmt(a) for a in curve))
+        return {"round": int(self.cfg.rounds), "phase": "newclients", "newclient_accuracy_by_epoch": curve,
+                "client_accuracy": {str(k): v for k, v in sorted(last.items())}, "failed_clients": failed}
+
     def linear_new_clients(self) -> dict:
         """New linear tasks fit a least-squares head on n samples with the learned B (FedRep Fig. 4)."""
         cfg, meta = self.cfg, self.data.bundle.meta
@@ -232,6 +250,10 @@ class Experiment:
                 _fmt(finetune["accuracy_before"]), _fmt(finetune["accuracy_after"]))
         if self.evaluator.linear and self.algorithm.shared_keys is not None:
             self.recorder.log(self.linear_new_clients())
+        elif self.data.new_clients and self.algorithm.shared_keys is not None:
+            record = self.new_client_phase(fed)
+            record.update(self.traffic.as_dict(), elapsed_s=time.monotonic() - self.start)
+            self.recorder.log(record)
         summary = self.summary(finetune)
         self.recorder.write_summary(summary)
         self.recorder.plot(self.name)
@@ -278,6 +300,9 @@ class Experiment:
             summary["representation_distance"] = evals[-1].get("representation_distance")
             summary["global_grad_norm"] = evals[-1].get("global_grad_norm")
         for record in self.recorder.records:
+            if record["phase"] == "newclients" and "newclient_accuracy_by_epoch" in record:
+                summary["newclient_accuracy"] = record["newclient_accuracy_by_epoch"][-1]
+                summary["newclient_accuracy_by_epoch"] = record["newclient_accuracy_by_epoch"]
             if record["phase"] == "newclients" and "newclient_error" in record:
                 summary["newclient_error"] = record["newclient_error"]
                 summary["newclient_error_local_only"] = record["newclient_error_local_only"]

@@ -14,6 +14,15 @@ Config keys (under ``data.``; the source and partition keys are documented in
 ``num_new_clients``
     Int in ``[0, num_clients)``, default 0: the last ``num_new_clients`` partition ids are
     "new clients", never sampled for training (``FederatedData.new_clients``).
+``new_client_classes``
+    Null (default: new clients are ordinary partitions held out from training) or a list of
+    labels reserved for the new clients (the FedRep Figure 6 protocol: train on some classes,
+    adapt new clients to others). The training clients are then partitioned (with the
+    configured scheme) from the samples of the other labels only, the global test set keeps
+    only those labels, and each new client draws ``new_client_classes_per_client`` (5) of the
+    reserved labels and ``new_client_train_size`` (500) train / ``new_client_test_size`` (100)
+    test samples uniformly from them (independently per new client, so new clients may share
+    samples).
 ``test_per_client``
     Null (default) or int >= 1: local test-set size per client. Null means proportional,
     ``round(len(test) / len(train) * len(train_i))``. Local test sets have the client's
@@ -98,7 +107,8 @@ def source_key(data_cfg: Mapping) -> str:
     """Canonical JSON of the config keys that determine the loaded arrays."""
     plain = to_plain(data_cfg)
     ignore = {"partition", "classes_per_client", "class_assignment_mode", "dirichlet_alpha", "min_partition_size",
-              "dirichlet_self_balancing", "shards_per_client", "shard_size", "num_new_clients", "test_per_client"}
+              "dirichlet_self_balancing", "shards_per_client", "shard_size", "num_new_clients", "test_per_client",
+              "new_client_classes", "new_client_classes_per_client", "new_client_train_size", "new_client_test_size"}
     if plain.get("name") != "synthetic_linear":
         ignore.add("num_clients")
     return json.dumps({k: v for k, v in plain.items() if k not in ignore}, sort_keys=True)
@@ -119,6 +129,58 @@ def _labels_fingerprint(bundle: DataBundle) -> str:
             h.update(f"{a.dtype.str}{a.shape}".encode())
             h.update(a.tobytes())
     return h.hexdigest()
+
+
+def _new_client_classes(data_cfg: Mapping, bundle: DataBundle, num_new: int) -> np.ndarray | None:
+    """The validated ``data.new_client_classes`` (None when unset)."""
+    classes = data_cfg.get("new_client_classes")
+    if classes is None:
+        return None
+    labels = set(np.unique(bundle.train.y).tolist())
+    ok = isinstance(classes, (list, tuple)) and classes and all(isinstance(c, int) and c in labels for c in classes)
+    if not ok or len(set(classes)) >= len(labels):
+        raise ConfigError(
+            f"data.new_client_classes={classes!r} is invalid: expected a list of distinct labels from "
+            f"{sorted(labels)} that leaves at least one label for the training clients"
+        )
+    if num_new < 1:
+        raise ConfigError("data.new_client_classes needs data.num_new_clients >= 1")
+    if bundle.task == "regression":
+        raise ConfigError("data.new_client_classes is for classification datasets")
+    return np.asarray(sorted(set(classes)), dtype=np.int64)
+
+
+def _split(bundle: DataBundle, train_keep: np.ndarray, test_keep: np.ndarray, data_cfg: Mapping, scheme: str,
+           num_clients: int, per_client: int | None, seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Partition the kept train samples into clients and give each a matched local test set."""
+    train_groups = bundle.train.group[train_keep] if bundle.train.group is not None else None
+    test_groups = bundle.test.group[test_keep] if bundle.test.group is not None else None
+    natural_test = scheme == "natural" and train_groups is not None and test_groups is not None
+    if bundle.task == "regression" and not natural_test:
+        raise ConfigError(
+            f"data.partition={scheme!r} is not supported for the regression dataset "
+            f"data.name={data_cfg.get('name')!r}: use data.partition=natural"
+        )
+    parts = partition_train(bundle.train.y[train_keep], train_groups, data_cfg, num_clients, seed)
+    if natural_test:
+        tests = group_test_split(parts, train_groups, test_groups)
+    else:
+        tests = matched_test_split(parts, bundle.train.y[train_keep], bundle.test.y[test_keep], per_client, seed)
+    return [train_keep[p] for p in parts], [test_keep[t] for t in tests]
+
+
+def new_client_split(train_labels: np.ndarray, test_labels: np.ndarray, classes: np.ndarray, num_new: int,
+                     classes_per_client: int, train_size: int, test_size: int, seed: int
+                     ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Each new client: ``classes_per_client`` of ``classes`` and samples drawn uniformly from them."""
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x4E11]))
+    train_out, test_out = [], []
+    for _ in range(num_new):
+        own = rng.choice(classes, size=classes_per_client, replace=False)
+        for labels, size, out in ((train_labels, train_size, train_out), (test_labels, test_size, test_out)):
+            pool = np.flatnonzero(np.isin(labels, own))
+            out.append(np.sort(rng.choice(pool, size=min(size, pool.size), replace=False)).astype(np.int64))
+    return train_out, test_out
 
 
 def _pack(parts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -155,21 +217,25 @@ def _build_cached(key: str) -> FederatedData:
     ).hexdigest()
     cache_file = cache_dir / "partitions" / f"{digest}.npz"
     cached = load_npz(cache_file)
+    train_keep, test_keep = np.arange(len(bundle.train.y)), np.arange(len(bundle.test.y))
+    new_classes = _new_client_classes(data_cfg, bundle, num_new)
+    if new_classes is not None:
+        train_keep = np.flatnonzero(~np.isin(bundle.train.y, new_classes))
+        test_keep = np.flatnonzero(~np.isin(bundle.test.y, new_classes))
     if cached is not None and {"train_flat", "train_len", "test_flat", "test_len"} <= cached.keys():
         client_train = _unpack(cached["train_flat"], cached["train_len"])
         client_test = _unpack(cached["test_flat"], cached["test_len"])
     else:
-        natural_test = scheme == "natural" and bundle.train.group is not None and bundle.test.group is not None
-        if bundle.task == "regression" and not natural_test:
-            raise ConfigError(
-                f"data.partition={scheme!r} is not supported for the regression dataset "
-                f"data.name={data_cfg.get('name')!r}: use data.partition=natural"
-            )
-        client_train = partition_train(bundle.train.y, bundle.train.group, data_cfg, num_clients, seed)
-        if natural_test:
-            client_test = group_test_split(client_train, bundle.train.group, bundle.test.group)
-        else:
-            client_test = matched_test_split(client_train, bundle.train.y, bundle.test.y, per_client, seed)
+        num_partitioned = num_clients if new_classes is None else num_clients - num_new
+        client_train, client_test = _split(bundle, train_keep, test_keep, data_cfg, scheme, num_partitioned,
+                                           per_client, seed)
+        if new_classes is not None:
+            new_train, new_test = new_client_split(
+                bundle.train.y, bundle.test.y, new_classes, num_new,
+                get_int(data_cfg, "new_client_classes_per_client", 5, lo=1, hi=len(new_classes)),
+                get_int(data_cfg, "new_client_train_size", 500, lo=1),
+                get_int(data_cfg, "new_client_test_size", 100, lo=1), seed)
+            client_train, client_test = client_train + new_train, client_test + new_test
         tf, tl = _pack(client_train)
         sf, sl = _pack(client_test)
         save_npz_atomic(cache_file, train_flat=tf, train_len=tl, test_flat=sf, test_len=sl)
@@ -178,7 +244,7 @@ def _build_cached(key: str) -> FederatedData:
         bundle=bundle,
         client_train=client_train,
         client_test=client_test,
-        global_test=np.arange(len(bundle.test.y), dtype=np.int64),
+        global_test=test_keep.astype(np.int64),
         new_clients=list(range(num_clients - num_new, num_clients)),
     )
 

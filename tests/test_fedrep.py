@@ -1,6 +1,7 @@
 """FedRep and FedPer: what leaves the client, the kept head, the frozen phases, cold starts."""
 
 import copy
+import json
 
 import numpy as np
 import pytest
@@ -212,3 +213,43 @@ def test_quickstart_compares_fedrep_with_fedavg(tmp_path):
         assert (tmp_path / label / "metrics.jsonl").is_file()
         assert (tmp_path / label / "summary.json").is_file()
     assert (tmp_path / "plots" / "comparison.png").stat().st_size > 0
+
+
+def test_new_clients_with_held_out_classes_adapt_a_head_on_the_frozen_body(tmp_path):
+    overrides = (f"wandb.enabled=false out_dir={tmp_path} rounds=5 compare=[algorithm=fedavg] data.num_clients=30 "
+                 "data.num_new_clients=10 data.new_client_classes=[5,6,7,8,9] data.new_client_classes_per_client=3 "
+                 "data.new_client_train_size=80 data.new_client_test_size=30 new_clients.epochs=4")
+    grid = LocalGrid(30, {"experiment": "quickstart", "overrides": overrides})
+    summary = run_variants(grid, load_variants("quickstart", overrides))
+    from task.federated_data import build_federated_data
+
+    cfg = load_variants("quickstart", overrides.split())[0]
+    fed = build_federated_data(cfg.data, cfg.seed)
+    y = fed.bundle.train.y
+    assert all(set(y[fed.client_train[p]]) <= {0, 1, 2, 3, 4} for p in range(20))
+    assert all(len(set(y[fed.client_train[p]])) == 3 and set(y[fed.client_train[p]]) <= {5, 6, 7, 8, 9}
+               for p in range(20, 30))
+    assert set(fed.bundle.test.y[fed.global_test]) == {0, 1, 2, 3, 4}
+    # new clients were never trained on or evaluated during training
+    trained = {int(grid.contexts[m.metadata.dst_node_id].node_config["partition-id"])
+               for m in grid.sent if m.metadata.message_type in ("train", "evaluate")}
+    assert trained and max(trained) < 20
+    adapted = [m for m in grid.sent if m.metadata.message_type == "train.newclient"]
+    assert len(adapted) == 2 * 10
+    body = set(body_keys(build_model("digits_mlp", (1, 8, 8), 10), cfg))
+    assert all(set(m.content[ARRAYS]) == body for m in adapted)
+    for label in ("fedrep", "fedavg"):
+        curve = summary["comparison"][label]["newclient_accuracy"]
+        by_epoch = json.loads((tmp_path / label / "summary.json").read_text())["newclient_accuracy_by_epoch"]
+        assert len(by_epoch) == 5 and by_epoch[-1] == curve
+        assert by_epoch[-1] > by_epoch[0] + 0.3  # a fresh head starts near chance and learns
+    assert (tmp_path / "fedrep" / "plots" / "newclients.png").is_file()
+
+
+def test_new_client_classes_are_validated():
+    from flower_app.config import validate_with_data
+
+    with pytest.raises(ConfigError, match="data.new_client_classes"):
+        validate_with_data(load_config("quickstart", ["data.num_new_clients=2", "data.new_client_classes=[3,42]"]))
+    with pytest.raises(ConfigError, match="data.num_new_clients"):
+        validate_with_data(load_config("quickstart", ["data.new_client_classes=[3]"]))
