@@ -10,7 +10,9 @@ Config keys (under ``data.``)
     ``all`` (default; 62 classes, LEAF coding 0-9 digits, 10-35 ``A``-``Z``, 36-61
     ``a``-``z``), ``digits`` (LEAF labels 0-9, kept as 0-9) or ``letters`` (the 10
     handwritten lowercase letters ``a``-``j``, LEAF labels 36-45, remapped to 0-9; our
-    reading of FedRep's "10 handwritten letters"). Only writers that have samples in both
+    reading of FedRep's "10 handwritten letters"), or ``letters_digits`` (those letters as
+    0-9 and the digits as 10-19: FedRep Figure 6, training clients on the letters and new
+    clients on the digits via ``data.new_client_classes``). Only writers that have samples in both
     train and test after this filter are kept; ``group`` is the writer's index in the
     sorted list of kept writer ids (``bundle.meta["writers"]``).
 """
@@ -30,6 +32,7 @@ from task.datasets.images import image_bundle
 from task.errors import ConfigError
 
 FEMNIST_LETTERS = tuple(range(36, 46))  # LEAF labels of lowercase 'a'..'j'
+FEMNIST_CLASS_MODES = ("all", "digits", "letters", "letters_digits")
 
 
 def _femnist_files(root: Path) -> tuple[list[Path], list[Path]]:
@@ -96,7 +99,7 @@ def _read_leaf_split(files: list[Path]) -> tuple[np.ndarray, np.ndarray, np.ndar
 
 def load_femnist_local(root: Path, data_cfg: Mapping, cache_dir: Path) -> DataBundle:
     """FEMNIST from the LEAF json shards under ``root`` (cached as ``.npz``)."""
-    classes_mode = get_choice(data_cfg, "femnist_classes", "all", ("all", "digits", "letters"))
+    classes_mode = get_choice(data_cfg, "femnist_classes", "all", FEMNIST_CLASS_MODES)
     tr_files, te_files = _femnist_files(root)
     key = hash_key("femnist", CACHE_VERSION, [file_stamp(f) for f in tr_files + te_files])
     cache_file = cache_dir / "decoded" / f"femnist-{key[:32]}.npz"
@@ -119,6 +122,9 @@ def femnist_bundle(xtr: np.ndarray, ytr: np.ndarray, utr: np.ndarray, xte: np.nd
         keep_labels, names = np.arange(10), [str(i) for i in range(10)]
     elif classes_mode == "letters":
         keep_labels, names = np.array(FEMNIST_LETTERS), list("abcdefghij")
+    elif classes_mode == "letters_digits":
+        keep_labels = np.array(FEMNIST_LETTERS + tuple(range(10)))
+        names = list("abcdefghij") + [str(i) for i in range(10)]
     else:
         keep_labels = np.arange(62)
         names = [str(i) for i in range(10)] + [chr(ord("A") + i) for i in range(26)] + [chr(ord("a") + i) for i in range(26)]

@@ -24,7 +24,7 @@ import numpy as np
 from task.datasets.bundle import DataBundle
 from task.datasets.cache import CACHE_VERSION, hash_key, load_npz, save_npz_atomic
 from task.datasets.config import cfg_get, get_choice, get_float, get_int
-from task.datasets.femnist import femnist_bundle
+from task.datasets.femnist import FEMNIST_CLASS_MODES, femnist_bundle
 from task.datasets.images import image_bundle, images_to_float, normalize_images
 from task.errors import ConfigError
 
@@ -105,7 +105,7 @@ def load_hub(name: str, data_cfg: Mapping, cache_dir: Path, normalize: bool) -> 
             save_npz_atomic(cache_file, x=x, y=y, **extra)
         return x, y, writers
     if name == "femnist":
-        classes_mode = get_choice(data_cfg, "femnist_classes", "all", ("all", "digits", "letters"))
+        classes_mode = get_choice(data_cfg, "femnist_classes", "all", FEMNIST_CLASS_MODES)
         test_fraction = get_float(data_cfg, "femnist_test_fraction", 0.1, gt=0.0, lt=1.0)
         split_seed = get_int(data_cfg, "split_seed", 0, lo=0)
         if "train" not in splits:
