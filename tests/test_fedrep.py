@@ -1,16 +1,14 @@
 """FedRep and FedPer: what leaves the client, the kept head, the frozen phases, cold starts."""
 
-import copy
 import json
 
-import numpy as np
 import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from flower_app.config import load_config, load_variants
 from flower_app.server_app import run_variants
-from strategies import fedrep
+from strategies import ALGORITHMS, fedrep
 from strategies.common import ARRAYS, CONFIG, METRICS, ClientRuntime, body_keys, head_keys
 from task.engine import TensorData, evaluate
 from task.errors import ConfigError
@@ -149,7 +147,7 @@ def test_fedper_trains_head_and_body_jointly_and_keeps_the_head():
 def test_never_sampled_client_is_evaluated_with_a_head_fitted_on_its_data(algorithm):
     rt = make_runtime(algorithm)
     rt.reset_model()
-    algo = {"fedrep": fedrep.ALGORITHM}.get(algorithm) or __import__("strategies").ALGORITHMS[algorithm]
+    algo = ALGORITHMS[algorithm]
     content = body_message(rt, 3)
     result = algo.evaluate(rt, content)[METRICS]
     assert rt.state_key("head") not in rt.state  # evaluation keeps nothing
