@@ -2,7 +2,8 @@
 
 Each variant writes its own results contract under ``<out>/<label>/``; the run directory
 gets ``summary.json`` (the first variant's summary plus ``comparison``: every variant's
-headline numbers), ``comparison.md`` and ``plots/comparison.png``.
+headline numbers), ``comparison.md``, ``plots/comparison.png`` and, for linear representation
+runs, ``plots/linear.png``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from flower_app.plots import plot_linear  # noqa: E402
 from flower_app.results import clean_json  # noqa: E402
 
 #: (summary key, column title) of the comparison table, shown when any variant has a value.
@@ -51,36 +53,27 @@ def comparison_table(summaries: dict[str, dict]) -> str:
 
 
 def plot_comparison(records: dict[str, list[dict]], path: Path, title: str) -> Path:
-    """Personalized (solid) and global (dashed) accuracy per variant against rounds."""
+    """Accuracy per round of every variant (personalized solid, global dashed; the loss for
+    regression), plus the new-client curves when present."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    has_distance = any(r.get("representation_distance") is not None for recs in records.values() for r in recs)
     has_new = any(r.get("newclient_accuracy_by_epoch") for recs in records.values() for r in recs)
-    panels = 1 + has_distance + has_new
-    fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 4.5), squeeze=False)
+    fig, axes = plt.subplots(1, 1 + has_new, figsize=(7 + 6 * has_new, 4.5), squeeze=False)
     ax = axes[0][0]
     for i, (label, recs) in enumerate(records.items()):
         evals = [r for r in recs if r.get("phase") == "eval"]
-        color = f"C{i}"
-        for key, style, suffix in (("personalized_accuracy", "-", ""), ("global_accuracy", "--", " (global)"),
-                                   ("personalized_loss", ":", " (loss)")):
+        regression = all(r.get("personalized_accuracy") is None for r in evals)
+        keys = (("personalized_loss", "-", " (loss)"),) if regression else (
+            ("personalized_accuracy", "-", ""), ("global_accuracy", "--", " (global)"))
+        for key, style, suffix in keys:
             pts = [(r["round"], r[key]) for r in evals if r.get(key) is not None]
-            if pts and (key != "personalized_loss" or all(r.get("personalized_accuracy") is None for r in evals)):
-                ax.plot(*zip(*pts), style, color=color, label=label + suffix)
+            if pts:
+                ax.plot(*zip(*pts), style, color=f"C{i}", label=label + suffix)
     ax.set(xlabel="round", ylabel="test accuracy (loss for regression)", title=title)
     ax.grid(alpha=0.3)
     if ax.lines:
         ax.legend(fontsize=8)
-    if has_distance:
-        ax2 = axes[0][1]
-        for i, (label, recs) in enumerate(records.items()):
-            pts = [(r["round"], r["representation_distance"]) for r in recs if r.get("representation_distance") is not None]
-            if pts:
-                ax2.semilogy(*zip(*pts), color=f"C{i}", label=label)
-        ax2.set(xlabel="round", ylabel="dist(B, B*)", title="principal-angle distance to the true representation")
-        ax2.grid(alpha=0.3, which="both")
-        ax2.legend(fontsize=8)
     if has_new:
-        ax3 = axes[0][panels - 1]
+        ax3 = axes[0][1]
         for i, (label, recs) in enumerate(records.items()):
             curve = next((r["newclient_accuracy_by_epoch"] for r in recs if r.get("newclient_accuracy_by_epoch")), None)
             if curve:
@@ -108,5 +101,7 @@ def write_comparison(out_dir: Path, summaries: dict[str, dict], records: dict[st
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "comparison.md").write_text(f"# {title}\n\n" + comparison_table(summaries))
     plot_comparison(records, out_dir / "plots" / "comparison.png", title)
+    if any(r.get("representation_distance") is not None for recs in records.values() for r in recs):
+        plot_linear(records, out_dir / "plots" / "linear.png", title)
     (out_dir / "summary.json").write_text(json.dumps(clean_json(summary), indent=2) + "\n")
     return summary

@@ -42,6 +42,9 @@ def plot_run(records: list[dict], plots_dir: Path, title: str) -> list[Path]:
     fig.savefig(written[-1], dpi=120, bbox_inches="tight")
     plt.close(fig)
 
+    if any(r.get("representation_distance") is not None for r in records):
+        written.append(plot_linear({title: records}, plots_dir / "linear.png", title))
+
     curves = [r["newclient_accuracy_by_epoch"] for r in records if r.get("newclient_accuracy_by_epoch")]
     if curves:
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -53,3 +56,37 @@ def plot_run(records: list[dict], plots_dir: Path, title: str) -> list[Path]:
         fig.savefig(written[-1], dpi=120, bbox_inches="tight")
         plt.close(fig)
     return written
+
+
+def plot_linear(records: dict[str, list[dict]], path: Path, title: str) -> Path:
+    """Linear representation runs: dist(B, B*) and global-loss gradient norm per round, and
+    the new-client error against the number of samples n (one line per variant)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, (ax_d, ax_g, ax_n) = plt.subplots(1, 3, figsize=(17, 4.5))
+    local_only = None
+    for i, (label, recs) in enumerate(records.items()):
+        color = f"C{i}"
+        evals = [r for r in recs if r.get("phase") == "eval"]
+        for ax, key in ((ax_d, "representation_distance"), (ax_g, "global_grad_norm")):
+            pts = [(r["round"], r[key]) for r in evals if r.get(key) is not None]
+            if pts:
+                ax.semilogy(*zip(*pts), color=color, label=label)
+        new = next((r for r in recs if r.get("newclient_error")), None)
+        if new:
+            ns = sorted(new["newclient_error"], key=int)
+            ax_n.loglog([int(n) for n in ns], [new["newclient_error"][n] for n in ns], marker="o", color=color, label=label)
+            local_only = new["newclient_error_local_only"]
+    if local_only:
+        ns = sorted(local_only, key=int)
+        ax_n.loglog([int(n) for n in ns], [local_only[n] for n in ns], "k--", marker="x", label="local only")
+    fig.suptitle(title)
+    ax_d.set(xlabel="round", ylabel="dist(B, B*)", title="distance to the true representation")
+    ax_g.set(xlabel="round", ylabel="‖∇ global loss‖", title="global-loss gradient norm (global models)")
+    ax_n.set(xlabel="samples n of a new client", ylabel="‖Bw − B*w*‖²", title="new client: least-squares head on learned B")
+    for ax in (ax_d, ax_g, ax_n):
+        ax.grid(alpha=0.3, which="both")
+        if ax.lines:
+            ax.legend(fontsize=8)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path
