@@ -237,7 +237,8 @@ class Experiment:
                 self.tracker.log({f"eval/{k}": v for k, v in eval_record.items()}, step=t)
                 eta = (time.monotonic() - loop_start) / t * (rounds - t)
                 extra = "".join(f" | {name} {_fmt(eval_record.get(key))}" for key, name in EXTRA_PROGRESS
-                                if eval_record.get(key) is not None)
+                                if eval_record.get(key) is not None
+                                and (key != "personalized_loss" or eval_record["personalized_accuracy"] is None))
                 log(INFO, "[flrep] round %d/%d | personalized acc %s | global acc %s%s | elapsed %.1fs | ETA %.1fs",
                     t, rounds, _fmt(eval_record["personalized_accuracy"]), _fmt(eval_record.get("global_accuracy")),
                     extra, time.monotonic() - self.start, eta)
