@@ -161,6 +161,8 @@ def validate(cfg: DictConfig) -> None:
     _choice(cfg, "server_opt.name", SERVER_OPTS)
     _choice(cfg, "finetune.part", FINETUNE_PARTS)
     _choice(cfg, "simulation.device", DEVICES)
+    _require(cfg.server_opt.name == "none" or cfg.algorithm == "fedavg", "server_opt.name",
+             f"server optimizers apply to algorithm=fedavg; '{cfg.algorithm}' has no server optimizer (use none)")
     _choice(cfg, "fedrep.head_solver", HEAD_SOLVERS)
     _choice(cfg, "model.init", MODEL_INITS)
     _require(cfg.model.init == "default" or cfg.model.name == "linear_rep", "model.init",

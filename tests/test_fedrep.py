@@ -184,6 +184,8 @@ def test_exact_solver_needs_regression_and_orthonormalize_needs_the_linear_model
         validate_with_data(load_config("quickstart", ["fedrep.head_solver=exact"]))
     with pytest.raises(ConfigError, match="fedrep.orthonormalize"):
         load_config("quickstart", ["fedrep.orthonormalize=true"])
+    with pytest.raises(ConfigError, match="server_opt.name"):
+        load_config("quickstart", ["server_opt.name=fedavgm"])
 
 
 def test_variants_need_distinct_labels_and_report_the_bad_entry():

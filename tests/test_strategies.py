@@ -139,8 +139,8 @@ def _error_reply(msg):
 def test_server_optimizers_are_selectable_and_change_the_update():
     from flwr.serverapp.strategy import FedAdam, FedAvgM
 
-    m = ALGORITHMS["fedavg"].make_strategy(load_config("quickstart", ["server_opt.name=fedavgm", "server_opt.lr=1.0", "server_opt.momentum=0.9"]))
-    a = ALGORITHMS["fedavg"].make_strategy(load_config("quickstart", ["server_opt.name=fedadam", "server_opt.lr=0.01"]))
+    m = ALGORITHMS["fedavg"].make_strategy(load_config("quickstart", ["algorithm=fedavg", "server_opt.name=fedavgm", "server_opt.lr=1.0", "server_opt.momentum=0.9"]))
+    a = ALGORITHMS["fedavg"].make_strategy(load_config("quickstart", ["algorithm=fedavg", "server_opt.name=fedadam", "server_opt.lr=0.01"]))
     assert isinstance(m, FedAvgM) and m.server_momentum == 0.9
     assert isinstance(a, FedAdam) and a.eta == 0.01
     start = ArrayRecord({"w": torch.zeros(2)})
