@@ -100,7 +100,8 @@ def load_variants(experiment: str, overrides: str | Iterable[str] = ()) -> tuple
     labels = [v.label for v in variants]
     duplicates = sorted({label for label in labels if labels.count(label) > 1})
     _require(not duplicates, "compare",
-             f"variants {labels} repeat the label(s) {duplicates}; add label=<name> to the entries")
+             f"variants {labels} repeat the label(s) {duplicates}; add label=<name> to the entries "
+             "(or compare=[] to run the first variant alone)")
     return tuple(variants)
 
 
