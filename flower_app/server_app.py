@@ -111,7 +111,7 @@ class Experiment:
         self.traffic = Traffic()
         self.out_dir = output_dir(cfg)
         self.recorder = RunRecorder(self.out_dir, cfg)
-        self.name = f"{cfg.experiment}-{cfg.algorithm}-s{cfg.seed}"
+        self.name = f"{cfg.experiment}-{cfg.label}-s{cfg.seed}"
         self.tracker = Tracker(cfg, self.out_dir, self.name)
         self.evaluator = ServerEvaluator(self.data, self.model, cfg)
         self.strategy = self.algorithm.make_strategy(cfg)
