@@ -33,7 +33,7 @@ class Tracker:
                 entity=cfg.wandb.entity,
                 mode=mode,
                 name=name,
-                group=cfg.experiment,
+                group=OmegaConf.select(cfg, "experiment"),
                 dir=str(out_dir),
                 config=OmegaConf.to_container(cfg, resolve=True),
                 settings=wandb.Settings(init_timeout=INIT_TIMEOUT_S, silent=True),
