@@ -157,6 +157,9 @@ def validate(cfg: DictConfig) -> None:
     from strategies import ALGORITHMS  # local import: strategies import this module's users
 
     _choice(cfg, "algorithm", ALGORITHMS)
+    supported = [n for n, a in ALGORITHMS.items() if a.supports_finetune]
+    _require(not cfg.finetune.enabled or cfg.algorithm in supported, "finetune.enabled",
+             f"+FT is available for {', '.join(supported)}, not '{cfg.algorithm}'")
     _choice(cfg, "data.name", DATASET_NAMES)
     _choice(cfg, "model.name", MODEL_NAMES)
     _choice(cfg, "server_opt.name", SERVER_OPTS)

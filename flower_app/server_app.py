@@ -24,7 +24,6 @@ from strategies.base import Algorithm
 from strategies.common import ARRAYS, CONFIG, body_keys
 from task.engine import TensorData, evaluate
 from task.linear_rep import global_gradient_norm, new_client_errors, principal_angle_distance
-from task.errors import ConfigError
 from task.federated_data import FederatedData
 from task.metrics import client_spread, final_window_mean
 from task.models import SplitModel
@@ -102,9 +101,6 @@ class Experiment:
         self.grid, self.cfg = grid, cfg
         self.start = time.monotonic()
         self.algorithm: Algorithm = ALGORITHMS[cfg.algorithm]
-        if cfg.finetune.enabled and not self.algorithm.supports_finetune:
-            supported = [n for n, a in ALGORITHMS.items() if a.supports_finetune]
-            raise ConfigError(f"finetune.enabled: +FT is available for {', '.join(supported)}, not '{cfg.algorithm}'")
         self.data, self.model = validate_with_data(cfg)
         self.trainable = [p for p in range(self.data.num_clients) if p not in set(self.data.new_clients)]
         self.num_sampled = clients_per_round(cfg)

@@ -186,6 +186,8 @@ def test_exact_solver_needs_regression_and_orthonormalize_needs_the_linear_model
         load_config("quickstart", ["fedrep.orthonormalize=true"])
     with pytest.raises(ConfigError, match="server_opt.name"):
         load_config("quickstart", ["server_opt.name=fedavgm"])
+    with pytest.raises(ConfigError, match=r"compare\[0\].*finetune.enabled"):  # caught before any variant runs
+        load_variants("quickstart", ["compare=['algorithm=fedper finetune.enabled=true']"])
 
 
 def test_variants_need_distinct_labels_and_report_the_bad_entry():

@@ -91,7 +91,7 @@ def test_local_only_sends_no_arrays_and_keeps_its_model():
 
 
 def test_finetune_reports_before_and_after_and_moves_only_the_head():
-    rt = make_runtime(["finetune.enabled=true", "finetune.epochs=20", "finetune.part=head"])
+    rt = make_runtime(["algorithm=fedavg", "finetune.enabled=true", "finetune.epochs=20", "finetune.part=head"])
     arrays = ArrayRecord(rt.model.state_dict())
     out = finetune(rt, RecordDict({ARRAYS: arrays}))[METRICS]
     assert {"accuracy_before", "accuracy_after", "num-examples"} <= set(out.keys())
