@@ -17,6 +17,7 @@ from flower_app.config import head_groups, initial_model, pick_device, run_confi
 from strategies import ALGORITHMS
 from strategies.common import ClientRuntime, reply, round_config
 from strategies.finetune import finetune
+from strategies.lg_fedavg import send_local_part
 from strategies.new_clients import adapt_head
 from task.engine import TensorData
 from task.federated_data import build_federated_data
@@ -75,6 +76,8 @@ def runtime_for(context: Context, content: RecordDict | None = None) -> ClientRu
         initial_state=initial,
         regression=fed.bundle.task == "regression",
         state=context.state,
+        run_id=int(context.run_id),
+        node_id=int(context.node_id),
     )
 
 
@@ -119,3 +122,10 @@ def newclient_action(msg: Message, context: Context) -> Message:
     """New client: fit a fresh head on the frozen learned representation, report accuracy per epoch."""
     rt = runtime_for(context, msg.content)
     return Message(content=adapt_head(rt, msg.content), reply_to=msg)
+
+
+@app.query("localpart")
+def local_part_action(msg: Message, context: Context) -> Message:
+    """LG-FedAvg New Test: send this client's local part to the server once."""
+    rt = runtime_for(context, msg.content)
+    return Message(content=send_local_part(rt, msg.content), reply_to=msg)

@@ -24,6 +24,7 @@ COLUMNS = (
     ("personalized_accuracy", "personalized acc (final-window mean)"),
     ("personalized_accuracy_worst10", "worst 10% clients"),
     ("global_accuracy", "global acc"),
+    ("new_test_accuracy", "New Test acc"),
     ("finetune_accuracy_after", "+FT acc"),
     ("newclient_accuracy", "new-client acc"),
     ("personalized_loss", "personalized loss"),

@@ -168,6 +168,15 @@ def validate(cfg: DictConfig) -> None:
     _require(cfg.server_opt.name == "none" or cfg.algorithm == "fedavg", "server_opt.name",
              f"server optimizers apply to algorithm=fedavg; '{cfg.algorithm}' has no server optimizer (use none)")
     _choice(cfg, "fedrep.head_solver", HEAD_SOLVERS)
+    gp = cfg.lg.global_part
+    _require(gp in ("paper", "official_cifar") or (OmegaConf.is_list(gp) and len(gp) > 0), "lg.global_part",
+             f"got {gp!r}, expected paper, official_cifar or a non-empty list of layer groups")
+    _positive(cfg, "lg.goal_accuracy", allow_none=True)
+    warm = cfg.lg.fedavg_rounds
+    _require(warm is None or (isinstance(warm, int) and not isinstance(warm, bool) and warm >= 0), "lg.fedavg_rounds",
+             f"got {warm!r}, expected null or an integer >= 0")
+    _require(cfg.algorithm != "lg_fedavg" or warm is not None or cfg.lg.goal_accuracy is not None, "lg.fedavg_rounds",
+             "set lg.fedavg_rounds or lg.goal_accuracy: LG-FedAvg starts from a FedAvg model")
     _choice(cfg, "model.init", MODEL_INITS)
     _require(cfg.model.init == "default" or cfg.model.name == "linear_rep", "model.init",
              f"'scaled_orthonormal' is defined for model.name=linear_rep, got {cfg.model.name!r}")
@@ -192,7 +201,7 @@ def validate(cfg: DictConfig) -> None:
     _positive(cfg, "train.lr_decay")
     _positive(cfg, "finetune.lr", allow_none=True)
     _positive(cfg, "server_opt.lr")
-    for key in ("train.momentum", "train.weight_decay", "fedprox.mu", "finetune.epochs", "fedrep.head_epochs", "new_clients.epochs",
+    for key in ("train.momentum", "train.weight_decay", "fedprox.mu", "finetune.epochs", "fedrep.head_epochs", "new_clients.epochs", "client_state.disk_above_bytes",
                 "eval.final_window", "data.num_new_clients", "simulation.client_gpus"):
         _nonnegative(cfg, key)
     _positive(cfg, "simulation.client_cpus")
@@ -238,6 +247,11 @@ def validate_with_data(cfg: DictConfig):
     fed = build_federated_data(cfg.data, int(cfg.seed))
     model = initial_model(cfg, fed.bundle)
     head = head_groups(cfg, model)
+    if cfg.algorithm == "lg_fedavg":
+        from strategies.lg_fedavg import global_keys, local_keys
+
+        _require(bool(local_keys(model, cfg)), "lg.global_part", "leaves no local layers; keep at least one group local")
+        global_keys(model, cfg)
     if cfg.fedrep.head_solver == "exact":
         _require(fed.bundle.task == "regression", "fedrep.head_solver",
                  f"'exact' (least squares) needs a regression dataset, data.name={cfg.data.name!r} is a classification task")

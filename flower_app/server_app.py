@@ -124,6 +124,7 @@ class Experiment:
                                "variant": self.cfg.label})
         messages = list(self.strategy.configure_train(t, self.arrays, config, NodeSubset(self.grid, fed.nodes(pids))))
         replies, failed = exchange(self.grid, messages, self.traffic, fed, "train")
+        self._observe_failures(fed, failed)
         new_arrays, metrics = self.strategy.aggregate_train(t, replies)
         if new_arrays is not None:
             for key in new_arrays:
@@ -135,7 +136,7 @@ class Experiment:
 
     def evaluate_round(self, t: int, fed: Federation) -> dict:
         record: dict = {"round": t, "phase": "eval"}
-        if self.algorithm.shared_keys is not None and self.algorithm.global_model:
+        if self.algorithm.shared_keys is not None and self.algorithm.global_model and self._has_global_model(t):
             self.evaluator.load(self.arrays)
             record["global_accuracy"], record["global_loss"] = self.evaluator.global_metric()
         if self.evaluator.linear and self.algorithm.shared_keys is not None:
@@ -144,11 +145,11 @@ class Experiment:
             accs, losses = self.evaluator.per_client(self.trainable)
             failed: list[int] = []
         else:
-            content = RecordDict({CONFIG: ConfigRecord({"server-round": t, "variant": self.cfg.label})})
-            if self.algorithm.shared_keys is not None:
-                content[ARRAYS] = self.arrays
-            messages = [Message(content, dst_node_id=n, message_type="evaluate") for n in fed.nodes(self.trainable)]
+            config = ConfigRecord({"variant": self.cfg.label})
+            messages = list(self.strategy.configure_evaluate(t, self.arrays, config,
+                                                             NodeSubset(self.grid, fed.nodes(self.trainable))))
             replies, failed = exchange(self.grid, messages, self.traffic, fed, "evaluate")
+            self._observe_failures(fed, failed)
             accs, losses = metric_of(replies, fed, "accuracy"), metric_of(replies, fed, "loss")
         spread = client_spread(accs.values()) if accs else {}
         record.update(
@@ -160,6 +161,17 @@ class Experiment:
             failed_clients=failed,
         )
         return record
+
+    def _has_global_model(self, t: int) -> bool:
+        """Whether the server's arrays form a global model at round ``t`` (strategy hook)."""
+        check = getattr(self.strategy, "has_global_model", None)
+        return check(t) if check is not None else True
+
+    def _observe_failures(self, fed: Federation, failed: list[int]) -> None:
+        """Tell a strategy that tracks per-node state which nodes' messages failed (hook)."""
+        observe = getattr(self.strategy, "observe_failures", None)
+        if observe is not None and failed:
+            observe(fed.nodes(p for p in failed if p in fed.node_of))
 
     def finetune_phase(self, fed: Federation) -> dict:
         config = ConfigRecord({"epochs": int(self.cfg.finetune.epochs), "variant": self.cfg.label})
@@ -228,6 +240,8 @@ class Experiment:
             self.tracker.log({f"train/{k}": v for k, v in train_record.items()}, step=t)
             if self.should_evaluate(t):
                 eval_record = self.evaluate_round(t, fed)
+                if hasattr(self.strategy, "observe_eval"):
+                    self.strategy.observe_eval(t, eval_record)
                 eval_record.update(self.traffic.as_dict(), elapsed_s=time.monotonic() - self.start)
                 self.recorder.log(eval_record)
                 self.tracker.log({f"eval/{k}": v for k, v in eval_record.items()}, step=t)
@@ -245,6 +259,10 @@ class Experiment:
             self.recorder.log(finetune)
             log(INFO, "[flrep] +FT: personalized acc before %s, after %s fine-tuning",
                 _fmt(finetune["accuracy_before"]), _fmt(finetune["accuracy_after"]))
+        if self.algorithm.final_phase is not None:
+            record = self.algorithm.final_phase(self, fed)
+            record.update(self.traffic.as_dict(), elapsed_s=time.monotonic() - self.start)
+            self.recorder.log(record)
         if self.evaluator.linear and self.algorithm.shared_keys is not None:
             self.recorder.log(self.linear_new_clients())
         elif self.data.new_clients and self.algorithm.shared_keys is not None:
@@ -296,7 +314,13 @@ class Experiment:
         if self.evaluator.linear and evals:
             summary["representation_distance"] = evals[-1].get("representation_distance")
             summary["global_grad_norm"] = evals[-1].get("global_grad_norm")
+        if not self._has_global_model(int(cfg.rounds)):
+            summary["global_accuracy"] = summary["global_accuracy_last"] = None
+        if hasattr(self.strategy, "switch_round"):
+            summary["lg_switch_round"] = self.strategy.switch_round
         for record in self.recorder.records:
+            if record["phase"] == "newtest":
+                summary["new_test_accuracy"] = record.get("new_test_accuracy")
             if record["phase"] == "newclients" and "newclient_accuracy_by_epoch" in record:
                 summary["newclient_accuracy"] = record["newclient_accuracy_by_epoch"][-1]
                 summary["newclient_accuracy_by_epoch"] = record["newclient_accuracy_by_epoch"]

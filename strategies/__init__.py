@@ -4,7 +4,7 @@ Adding an algorithm: write ``strategies/<name>.py`` defining ``ALGORITHM`` and a
 line below.
 """
 
-from strategies import fedavg, fedper, fedprox, fedrep, local_only
+from strategies import fedavg, fedper, fedprox, fedrep, lg_fedavg, local_only
 from strategies.base import Algorithm
 
 ALGORITHMS: dict[str, Algorithm] = {
@@ -13,4 +13,5 @@ ALGORITHMS: dict[str, Algorithm] = {
     local_only.ALGORITHM.name: local_only.ALGORITHM,
     fedrep.ALGORITHM.name: fedrep.ALGORITHM,
     fedper.ALGORITHM.name: fedper.ALGORITHM,
+    lg_fedavg.ALGORITHM.name: lg_fedavg.ALGORITHM,
 }

@@ -39,6 +39,13 @@ class Algorithm:
     - ``supports_finetune``: whether ``finetune.enabled`` (+FT) applies.
     - ``global_model``: whether the shared arrays form a whole model to score on the
       global test set (False for FedRep/FedPer, whose heads never leave the clients).
+    - ``final_phase``: an extra step after training, given the running ``Experiment`` and
+      the federation; returns a metrics record (LG-FedAvg's New Test).
+
+    A strategy may also define these optional hooks, which the ServerApp calls:
+    ``has_global_model(round) -> bool`` (whether its arrays are a global model at that
+    round), ``observe_eval(round, record)`` (after each evaluation) and
+    ``observe_failures(node_ids)`` (nodes whose messages failed).
     """
 
     name: str
@@ -48,6 +55,7 @@ class Algorithm:
     evaluate: ClientFn | None = None
     supports_finetune: bool = False
     global_model: bool = True
+    final_phase: Callable[..., dict] | None = None
 
 
 def all_keys(model: SplitModel, cfg: DictConfig) -> list[str]:

@@ -35,6 +35,8 @@ class ClientRuntime:
     initial_state: dict[str, torch.Tensor]
     regression: bool = False
     state: RecordDict = field(default_factory=RecordDict)
+    run_id: int = 0
+    node_id: int = 0
 
     def optimizer(self, lr: float | None = None) -> OptimizerConfig:
         """The client optimizer of this run (``lr`` overrides the configured rate)."""

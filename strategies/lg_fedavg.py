@@ -1,0 +1,216 @@
+"""LG-FedAvg (Liang et al., 2020, Algorithm 1): local parts kept on the clients, a global part averaged.
+
+Which layer groups are global is ``lg.global_part``: ``paper`` (the paper's description:
+local body, global head; the last three layer groups, e.g. 99,978 of the MNIST MLP's
+633,226 parameters), ``official_cifar`` (the official code's CIFAR variant: the convolution
+groups are global, 2,872 of LeNet-5's 64,102) or a list of group names.
+
+As in the paper, training starts with FedAvg on the whole model (``lg.fedavg_rounds``
+rounds, or until the global model first reaches ``lg.goal_accuracy`` on the global test
+set at an evaluated round); from then on:
+
+Server: FedAvg (example-weighted) of the global part only. The server keeps the whole
+model; a client that has no local part yet receives the warm-start model's local part once
+(counted in the traffic), every other message carries the global part only.
+Client: loads the global part and its own local part (kept across rounds on the node:
+``context.state``, or the node's disk when large, see ``strategies/state_store.py``), trains
+both for the local epochs, keeps the local part and sends back the global part.
+Evaluation (Local Test): each client with its own local part and the current global part.
+New Test: after training every client sends its local part once (``query.localpart``); the
+server averages the logits of all local models with the global part on the global test set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg, Strategy
+from omegaconf import DictConfig
+
+from strategies.base import TAKE_ALL_NODES, Algorithm, all_keys
+from strategies.common import ARRAYS, CONFIG, NUM_EXAMPLES, ClientRuntime, reply, round_config
+from strategies.state_store import keep_arrays, kept_arrays
+from task.models import SplitModel
+
+LOCAL_STATE = "lg-local"
+PHASE = "lg-phase"
+
+
+def global_groups(group_names: list[str], cfg: DictConfig) -> list[str]:
+    """The layer groups (of a model with ``group_names``) that form the global part."""
+    spec = cfg.lg.global_part
+    if spec == "paper":
+        return group_names[-3:]
+    if spec == "official_cifar":
+        convs = [g for g in group_names if g.startswith("conv")]
+        if not convs:
+            raise ValueError(f"lg.global_part=official_cifar needs convolution groups; {group_names} has none")
+        return convs
+    return list(spec)
+
+
+def global_keys(model: SplitModel, cfg: DictConfig) -> list[str]:
+    """State keys of the global part."""
+    groups = global_groups(model.group_names, cfg)
+    model.check_groups(groups, "lg.global_part")
+    return model.parameter_names(groups)
+
+
+def local_keys(model: SplitModel, cfg: DictConfig) -> list[str]:
+    """State keys of the local part (everything that is not global)."""
+    shared = set(global_keys(model, cfg))
+    return [k for k in model.state_dict() if k not in shared]
+
+
+class LGFedAvg(FedAvg):
+    """FedAvg warm start, then FedAvg of the global part with local parts kept on the clients."""
+
+    def __init__(self, cfg: DictConfig, fedavg_rounds: int | None, goal_accuracy: float | None) -> None:
+        super().__init__(**TAKE_ALL_NODES)
+        self.cfg = cfg
+        self.fedavg_rounds = fedavg_rounds
+        self.goal_accuracy = goal_accuracy
+        self.switch_round: int | None = None  # first LG round
+        self.initialised: set[int] = set()  # nodes that hold a local part
+
+    def lg_phase(self, server_round: int) -> bool:
+        """Whether ``server_round`` trains local and global parts (after the FedAvg warm start)."""
+        if self.switch_round is None and self.fedavg_rounds is not None and server_round > self.fedavg_rounds:
+            self.switch_round = self.fedavg_rounds + 1
+        return self.switch_round is not None and server_round >= self.switch_round
+
+    def has_global_model(self, server_round: int) -> bool:
+        """The whole server model is a global model only during the FedAvg warm start."""
+        return not self.lg_phase(server_round)
+
+    def observe_failures(self, nodes: Iterable[int]) -> None:
+        """Nodes whose message failed may not hold a local part: send them the warm-start one again."""
+        self.initialised.difference_update(nodes)
+
+    def observe_eval(self, server_round: int, record: dict) -> None:
+        """Switch to LG-FedAvg after the first evaluated round at the goal accuracy."""
+        acc = record.get("global_accuracy")
+        if (self.switch_round is None and self.goal_accuracy is not None and acc is not None
+                and acc >= self.goal_accuracy):
+            self.switch_round = server_round + 1
+
+    def _messages(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid,
+                  message_type: str) -> list[Message]:
+        config[PHASE] = "lg" if self.lg_phase(server_round) else "fedavg"
+        config["server-round"] = server_round
+        if config[PHASE] == "fedavg":
+            return self._construct_messages(RecordDict({ARRAYS: arrays, CONFIG: config}), list(grid.get_node_ids()),
+                                            message_type)
+        groups = global_groups(list(dict.fromkeys(k.split(".", 1)[0] for k in arrays)), self.cfg)
+        shared = ArrayRecord({k: arrays[k] for k in arrays if k.split(".", 1)[0] in groups})
+        messages = []
+        for node in grid.get_node_ids():
+            payload = arrays if node not in self.initialised else shared
+            messages.append(Message(RecordDict({ARRAYS: payload, CONFIG: config}), dst_node_id=node,
+                                    message_type=message_type))
+            self.initialised.add(node)
+        return messages
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        return self._messages(server_round, arrays, config, grid, MessageType.TRAIN)
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        return self._messages(server_round, arrays, config, grid, MessageType.EVALUATE)
+
+
+
+def make_strategy(cfg: DictConfig) -> Strategy:
+    """The LG-FedAvg server half."""
+    return LGFedAvg(cfg, cfg.lg.fedavg_rounds, cfg.lg.goal_accuracy)
+
+
+def _adopt_local_part(rt: ClientRuntime, content: RecordDict) -> bool:
+    """Load the received arrays, then this client's own local part (adopting the warm-start
+    one the first time it is sent). False during the FedAvg warm start."""
+    rt.load(content[ARRAYS])
+    if round_config(content).get(PHASE, "fedavg") != "lg":
+        return False
+    own = kept_arrays(rt, LOCAL_STATE)
+    if own is None:
+        missing = [k for k in local_keys(rt.model, rt.cfg) if k not in content[ARRAYS]]
+        if missing:
+            raise ValueError(f"client {rt.partition_id} has no local part yet and the message lacks {missing[:3]}")
+        state = rt.model.state_dict()
+        keep_arrays(rt, LOCAL_STATE, {k: state[k] for k in local_keys(rt.model, rt.cfg)})
+    else:
+        state = rt.model.state_dict()
+        with torch.no_grad():
+            for key, value in own.items():
+                state[key].copy_(value.to(state[key].device))
+    return True
+
+
+def train_lg(rt: ClientRuntime, content: RecordDict) -> RecordDict:
+    """FedAvg warm start: the whole model. LG phase: own local part + global part trained
+    end to end; keep the local part, send the global part."""
+    lg = _adopt_local_part(rt, content)
+    result = rt.local_training(round_config(content))
+    metrics = {"train_loss": result.mean_loss, "local_steps": result.steps, NUM_EXAMPLES: len(rt.train)}
+    if not lg:
+        return reply(rt.arrays(), **metrics)
+    state = rt.model.state_dict()
+    keep_arrays(rt, LOCAL_STATE, {k: state[k] for k in local_keys(rt.model, rt.cfg)})
+    return reply(rt.arrays(global_keys(rt.model, rt.cfg)), **metrics)
+
+
+def evaluate_lg(rt: ClientRuntime, content: RecordDict) -> RecordDict:
+    """Local Test: the client's own local part with the current global part."""
+    _adopt_local_part(rt, content)
+    return reply(None, **rt.evaluate_local())
+
+
+def send_local_part(rt: ClientRuntime, content: RecordDict) -> RecordDict:
+    """New Test: send the local part once (the warm-start one if never trained in LG)."""
+    _adopt_local_part(rt, content)
+    return reply(rt.arrays(local_keys(rt.model, rt.cfg)), **{NUM_EXAMPLES: len(rt.train)})
+
+
+def new_test(experiment, fed) -> dict:
+    """New Test: every client sends its local part once; the server averages the logits of
+    all local models (each with the current global part) on the global test set."""
+    from flower_app.federation import NodeSubset, exchange
+    from task.engine import predict
+
+    cfg, strategy, t = experiment.cfg, experiment.strategy, int(experiment.cfg.rounds)
+    record = {"round": t, "phase": "newtest"}
+    if not strategy.lg_phase(t):
+        record["note"] = "training never left the FedAvg warm start: New Test equals the global accuracy"
+        return record
+    config = ConfigRecord({"variant": cfg.label})
+    messages = strategy._messages(t, experiment.arrays, config, NodeSubset(experiment.grid, fed.nodes(experiment.trainable)),
+                                  "query.localpart")
+    replies, failed = exchange(experiment.grid, messages, experiment.traffic, fed, "newtest")
+    evaluator = experiment.evaluator
+    evaluator.load(experiment.arrays)
+    idx = torch.as_tensor(experiment.data.global_test, device=evaluator.test.y.device)
+    x, y = evaluator.test.x[idx], evaluator.test.y[idx]
+    logits = None
+    for rep in replies:
+        evaluator.load(rep.content[ARRAYS])
+        out = predict(evaluator.model, x).double()
+        logits = out if logits is None else logits + out
+    if logits is not None:
+        record["new_test_accuracy"] = float((logits.argmax(dim=1) == y).double().mean())
+        record["new_test_models"] = len(replies)
+    record["failed_clients"] = failed
+    return record
+
+
+ALGORITHM = Algorithm(
+    name="lg_fedavg",
+    make_strategy=make_strategy,
+    train=train_lg,
+    shared_keys=all_keys,
+    evaluate=evaluate_lg,
+    final_phase=new_test,
+)

@@ -1,0 +1,99 @@
+"""LG-FedAvg: the global/local split, the FedAvg warm start, what crosses the wire, local state."""
+
+import json
+
+import pytest
+import torch
+from flwr.app import ConfigRecord, RecordDict
+
+from flower_app.config import load_config, load_variants
+from flower_app.server_app import run_variants
+from strategies.common import ARRAYS, ClientRuntime
+from strategies.lg_fedavg import LOCAL_STATE, global_keys, local_keys
+from strategies.state_store import keep_arrays, kept_arrays
+from task.engine import TensorData
+from task.errors import ConfigError
+from task.models import build_model
+from tests.local_grid import LocalGrid
+
+
+def test_presets_match_the_paper_and_the_official_code():
+    cfg = load_config("lg_mnist_fedavg", ["algorithm=lg_fedavg"])
+    mlp = build_model("mlp_mnist", (1, 28, 28), 10)
+    assert sum(mlp.state_dict()[k].numel() for k in global_keys(mlp, cfg)) == 99_978
+    cfg = load_config("lg_mnist_fedavg", ["algorithm=lg_fedavg", "lg.global_part=official_cifar"])
+    lenet = build_model("lenet5", (3, 32, 32), 10)
+    assert sum(lenet.state_dict()[k].numel() for k in global_keys(lenet, cfg)) == 2_872
+    assert set(local_keys(lenet, cfg)) == {k for k in lenet.state_dict() if k.startswith("fc")}
+
+
+def run_lg(tmp_path, extra=""):
+    overrides = (f"wandb.enabled=false out_dir={tmp_path} algorithm=lg_fedavg compare=[] lg.global_part=[fc2] "
+                 f"lg.fedavg_rounds=3 lg.goal_accuracy=null rounds=6 {extra}")
+    grid = LocalGrid(20, {"experiment": "quickstart", "overrides": overrides})
+    summary = run_variants(grid, load_variants("quickstart", overrides))
+    return grid, summary
+
+
+def test_warm_start_then_only_the_global_part_crosses_the_wire(tmp_path):
+    grid, summary = run_lg(tmp_path)
+    model = build_model("digits_mlp", (1, 8, 8), 10)
+    everything, shared = set(model.state_dict()), {"fc2.weight", "fc2.bias"}
+    seen_full = set()
+    for msg in grid.sent:
+        if msg.metadata.message_type not in ("train", "evaluate"):
+            continue
+        t = int(msg.content["config"]["server-round"])
+        keys = set(msg.content[ARRAYS]) if ARRAYS in msg.content else set()
+        if t <= 3:  # FedAvg warm start: the whole model
+            assert keys == everything
+        else:
+            node = msg.metadata.dst_node_id
+            if node in seen_full:
+                assert keys == shared, "a client that holds its local part got more than the global part"
+            else:
+                assert keys in (shared, everything)
+                if keys == everything:
+                    seen_full.add(node)
+    for rep in grid.replies:
+        if rep.metadata.message_type == "train" and int(rep.content["metrics"]["local_steps"]) > 0:
+            keys = set(rep.content[ARRAYS])
+            assert keys in (everything, shared)
+    lg_train_replies = [r for r, m in zip(grid.replies, grid.sent)
+                        if m.metadata.message_type == "train" and int(m.content["config"]["server-round"]) > 3]
+    assert lg_train_replies and all(set(r.content[ARRAYS]) == shared for r in lg_train_replies)
+    assert summary["lg_switch_round"] == 4
+    assert summary["global_accuracy"] is None and 0.1 < summary["new_test_accuracy"] <= 1.0
+    newtest = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+               if '"newtest"' in line]
+    assert newtest[0]["new_test_models"] == 20
+
+
+def test_goal_accuracy_switches_after_the_first_round_that_reaches_it(tmp_path):
+    _, summary = run_lg(tmp_path, "lg.fedavg_rounds=null lg.goal_accuracy=0.05")
+    assert summary["lg_switch_round"] == 2
+
+
+def test_large_local_parts_live_on_the_node_disk(tmp_path):
+    cfg = load_config("quickstart", ["algorithm=lg_fedavg", f"client_state.dir={tmp_path}",
+                                     "client_state.disk_above_bytes=100"])
+    model = build_model("digits_mlp", (1, 8, 8), 10)
+    data = TensorData(torch.zeros(2, 1, 8, 8), torch.zeros(2, dtype=torch.long))
+    rt = ClientRuntime(cfg, 3, torch.device("cpu"), data, data, model, ["fc2"], {}, state=RecordDict(),
+                       run_id=7, node_id=42)
+    tensors = {"fc1.1.weight": torch.randn(64, 64)}
+    keep_arrays(rt, LOCAL_STATE, tensors)
+    record = rt.state[rt.state_key(LOCAL_STATE)]
+    assert isinstance(record, ConfigRecord) and str(tmp_path) in record["path"]
+    torch.testing.assert_close(kept_arrays(rt, LOCAL_STATE)["fc1.1.weight"], tensors["fc1.1.weight"])
+
+
+def test_lg_config_errors_name_the_key():
+    with pytest.raises(ConfigError, match="lg.fedavg_rounds"):
+        load_config("quickstart", ["algorithm=lg_fedavg", "lg.goal_accuracy=null"])
+    from flower_app.config import validate_with_data
+
+    with pytest.raises(ConfigError, match="lg.global_part"):
+        validate_with_data(load_config("quickstart", ["algorithm=lg_fedavg", "lg.global_part=[fc9]"]))
+    with pytest.raises(ConfigError, match="lg.global_part"):
+        validate_with_data(load_config("quickstart", ["algorithm=lg_fedavg", "lg.global_part=[fc1,fc2]"]))
