@@ -17,7 +17,6 @@ from flower_app.config import head_groups, initial_model, pick_device, run_confi
 from strategies import ALGORITHMS
 from strategies.common import ClientRuntime, reply, round_config
 from strategies.finetune import finetune
-from strategies.lg_fedavg import send_local_part
 from strategies.new_clients import adapt_head
 from task.engine import TensorData
 from task.federated_data import build_federated_data
@@ -126,6 +125,9 @@ def newclient_action(msg: Message, context: Context) -> Message:
 
 @app.query("localpart")
 def local_part_action(msg: Message, context: Context) -> Message:
-    """LG-FedAvg New Test: send this client's local part to the server once."""
+    """New Test (LG-FedAvg, Local-only): send this client's own part to the server once."""
     rt = runtime_for(context, msg.content)
-    return Message(content=send_local_part(rt, msg.content), reply_to=msg)
+    send = ALGORITHMS[rt.cfg.algorithm].send_local
+    if send is None:
+        raise ValueError(f"algorithm {rt.cfg.algorithm!r} has no local part to send")
+    return Message(content=send(rt, msg.content), reply_to=msg)

@@ -22,7 +22,7 @@ from flower_app.tracking import Tracker
 from strategies import ALGORITHMS
 from strategies.base import Algorithm
 from strategies.common import ARRAYS, CONFIG, body_keys
-from task.engine import TensorData, evaluate
+from task.engine import TensorData, evaluate, predict
 from task.linear_rep import global_gradient_norm, new_client_errors, principal_angle_distance
 from task.federated_data import FederatedData
 from task.metrics import client_spread, final_window_mean
@@ -207,6 +207,26 @@ class Experiment:
             " ".join(_fmt(a) for a in curve))
         return {"round": int(self.cfg.rounds), "phase": "newclients", "newclient_accuracy_by_epoch": curve,
                 "client_accuracy": {str(k): v for k, v in sorted(last.items())}, "failed_clients": failed}
+
+    def ensemble_new_test(self, messages: list[Message], fed: Federation) -> dict:
+        """Send ``messages`` (each client returns its own part once), then score the average of
+        all returned models' logits (each over the current shared arrays) on the global test set."""
+        replies, failed = exchange(self.grid, messages, self.traffic, fed, "newtest")
+        idx = torch.as_tensor(self.data.global_test, device=self.evaluator.test.y.device)
+        x, y = self.evaluator.test.x[idx], self.evaluator.test.y[idx]
+        logits = None
+        for rep in replies:
+            self.evaluator.load(self.arrays)
+            self.evaluator.load(rep.content[ARRAYS])
+            out = predict(self.evaluator.model, x).double()
+            logits = out if logits is None else logits + out
+        record = {"round": int(self.cfg.rounds), "phase": "newtest", "new_test_models": len(replies),
+                  "failed_clients": failed}
+        if logits is not None:
+            record["new_test_accuracy"] = float((logits.argmax(dim=1) == y).double().mean())
+            log(INFO, "[flrep] New Test (logits of %d local models averaged): %s", len(replies),
+                _fmt(record["new_test_accuracy"]))
+        return record
 
     def linear_new_clients(self) -> dict:
         """New linear tasks fit a least-squares head on n samples with the learned B (FedRep Fig. 4)."""

@@ -40,7 +40,8 @@ class Algorithm:
     - ``global_model``: whether the shared arrays form a whole model to score on the
       global test set (False for FedRep/FedPer, whose heads never leave the clients).
     - ``final_phase``: an extra step after training, given the running ``Experiment`` and
-      the federation; returns a metrics record (LG-FedAvg's New Test).
+      the federation; returns a metrics record (the New Test of LG-FedAvg and Local-only).
+    - ``send_local``: the client half of the New Test: reply with the client's own part.
 
     A strategy may also define these optional hooks, which the ServerApp calls:
     ``has_global_model(round) -> bool`` (whether its arrays are a global model at that
@@ -56,6 +57,7 @@ class Algorithm:
     supports_finetune: bool = False
     global_model: bool = True
     final_phase: Callable[..., dict] | None = None
+    send_local: ClientFn | None = None
 
 
 def all_keys(model: SplitModel, cfg: DictConfig) -> list[str]:

@@ -178,32 +178,16 @@ def send_local_part(rt: ClientRuntime, content: RecordDict) -> RecordDict:
 def new_test(experiment, fed) -> dict:
     """New Test: every client sends its local part once; the server averages the logits of
     all local models (each with the current global part) on the global test set."""
-    from flower_app.federation import NodeSubset, exchange
-    from task.engine import predict
+    from flower_app.federation import NodeSubset
 
-    cfg, strategy, t = experiment.cfg, experiment.strategy, int(experiment.cfg.rounds)
-    record = {"round": t, "phase": "newtest"}
-    if not strategy.lg_phase(t):
-        record["note"] = "training never left the FedAvg warm start: New Test equals the global accuracy"
-        return record
-    config = ConfigRecord({"variant": cfg.label})
-    messages = strategy._messages(t, experiment.arrays, config, NodeSubset(experiment.grid, fed.nodes(experiment.trainable)),
-                                  "query.localpart")
-    replies, failed = exchange(experiment.grid, messages, experiment.traffic, fed, "newtest")
-    evaluator = experiment.evaluator
-    evaluator.load(experiment.arrays)
-    idx = torch.as_tensor(experiment.data.global_test, device=evaluator.test.y.device)
-    x, y = evaluator.test.x[idx], evaluator.test.y[idx]
-    logits = None
-    for rep in replies:
-        evaluator.load(rep.content[ARRAYS])
-        out = predict(evaluator.model, x).double()
-        logits = out if logits is None else logits + out
-    if logits is not None:
-        record["new_test_accuracy"] = float((logits.argmax(dim=1) == y).double().mean())
-        record["new_test_models"] = len(replies)
-    record["failed_clients"] = failed
-    return record
+    t = int(experiment.cfg.rounds)
+    if not experiment.strategy.lg_phase(t):
+        return {"round": t, "phase": "newtest",
+                "note": "training never left the FedAvg warm start: New Test equals the global accuracy"}
+    config = ConfigRecord({"variant": experiment.cfg.label})
+    nodes = NodeSubset(experiment.grid, fed.nodes(experiment.trainable))
+    return experiment.ensemble_new_test(experiment.strategy._messages(t, experiment.arrays, config, nodes,
+                                                                      "query.localpart"), fed)
 
 
 ALGORITHM = Algorithm(
@@ -213,4 +197,5 @@ ALGORITHM = Algorithm(
     shared_keys=all_keys,
     evaluate=evaluate_lg,
     final_phase=new_test,
+    send_local=send_local_part,
 )

@@ -66,10 +66,27 @@ def evaluate_own_model(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     return reply(None, **rt.evaluate_local())
 
 
+def send_own_model(rt: ClientRuntime, content: RecordDict) -> RecordDict:
+    """New Test: send the client's own model to the server once."""
+    _load_own_model(rt)
+    return reply(rt.arrays(), **{NUM_EXAMPLES: len(rt.train)})
+
+
+def new_test(experiment, fed) -> dict:
+    """New Test (LG-FedAvg Table 1's Local-only row): the server averages the logits of all
+    clients' own models, each sent once after training, on the global test set."""
+    config = ConfigRecord({"variant": experiment.cfg.label})
+    messages = [Message(RecordDict({CONFIG: config}), dst_node_id=n, message_type="query.localpart")
+                for n in fed.nodes(experiment.trainable)]
+    return experiment.ensemble_new_test(messages, fed)
+
+
 ALGORITHM = Algorithm(
     name="local_only",
     make_strategy=make_strategy,
     train=train_locally,
     shared_keys=None,
     evaluate=evaluate_own_model,
+    final_phase=new_test,
+    send_local=send_own_model,
 )

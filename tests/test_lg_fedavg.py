@@ -97,3 +97,13 @@ def test_lg_config_errors_name_the_key():
         validate_with_data(load_config("quickstart", ["algorithm=lg_fedavg", "lg.global_part=[fc9]"]))
     with pytest.raises(ConfigError, match="lg.global_part"):
         validate_with_data(load_config("quickstart", ["algorithm=lg_fedavg", "lg.global_part=[fc1,fc2]"]))
+
+
+def test_local_only_new_test_ensembles_the_clients_own_models(tmp_path):
+    overrides = f"wandb.enabled=false out_dir={tmp_path} algorithm=local_only compare=[] rounds=3"
+    grid = LocalGrid(20, {"experiment": "quickstart", "overrides": overrides})
+    summary = run_variants(grid, load_variants("quickstart", overrides))
+    sent_models = [r for r in grid.replies if ARRAYS in r.content and len(r.content[ARRAYS]) > 0]
+    assert len(sent_models) == 20  # each client's model crosses the wire once, for the New Test only
+    assert 0.1 < summary["new_test_accuracy"] <= 1.0
+    assert summary["params_up"] == 20 * sum(v.numel() for v in build_model("digits_mlp", (1, 8, 8), 10).state_dict().values())
