@@ -175,8 +175,9 @@ def validate(cfg: DictConfig) -> None:
     warm = cfg.lg.fedavg_rounds
     _require(warm is None or (isinstance(warm, int) and not isinstance(warm, bool) and warm >= 0), "lg.fedavg_rounds",
              f"got {warm!r}, expected null or an integer >= 0")
-    _require(cfg.algorithm != "lg_fedavg" or warm is not None or cfg.lg.goal_accuracy is not None, "lg.fedavg_rounds",
-             "set lg.fedavg_rounds or lg.goal_accuracy: LG-FedAvg starts from a FedAvg model")
+    _require(cfg.algorithm != "lg_fedavg" or (warm is None) != (cfg.lg.goal_accuracy is None), "lg.fedavg_rounds",
+             "set exactly one of lg.fedavg_rounds and lg.goal_accuracy: LG-FedAvg starts from a FedAvg model "
+             "trained for a number of rounds or up to a goal accuracy")
     _choice(cfg, "model.init", MODEL_INITS)
     _require(cfg.model.init == "default" or cfg.model.name == "linear_rep", "model.init",
              f"'scaled_orthonormal' is defined for model.name=linear_rep, got {cfg.model.name!r}")

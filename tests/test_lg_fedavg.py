@@ -18,10 +18,10 @@ from tests.local_grid import LocalGrid
 
 
 def test_presets_match_the_paper_and_the_official_code():
-    cfg = load_config("lg_mnist_fedavg", ["algorithm=lg_fedavg"])
+    cfg = load_config("lg_mnist_fedavg", ["algorithm=lg_fedavg", "lg.fedavg_rounds=1"])
     mlp = build_model("mlp_mnist", (1, 28, 28), 10)
     assert sum(mlp.state_dict()[k].numel() for k in global_keys(mlp, cfg)) == 99_978
-    cfg = load_config("lg_mnist_fedavg", ["algorithm=lg_fedavg", "lg.global_part=official_cifar"])
+    cfg = load_config("lg_mnist_fedavg", ["algorithm=lg_fedavg", "lg.fedavg_rounds=1", "lg.global_part=official_cifar"])
     lenet = build_model("lenet5", (3, 32, 32), 10)
     assert sum(lenet.state_dict()[k].numel() for k in global_keys(lenet, cfg)) == 2_872
     assert set(local_keys(lenet, cfg)) == {k for k in lenet.state_dict() if k.startswith("fc")}
@@ -75,7 +75,7 @@ def test_goal_accuracy_switches_after_the_first_round_that_reaches_it(tmp_path):
 
 
 def test_large_local_parts_live_on_the_node_disk(tmp_path):
-    cfg = load_config("quickstart", ["algorithm=lg_fedavg", f"client_state.dir={tmp_path}",
+    cfg = load_config("quickstart", ["algorithm=lg_fedavg", "lg.fedavg_rounds=1", f"client_state.dir={tmp_path}",
                                      "client_state.disk_above_bytes=100"])
     model = build_model("digits_mlp", (1, 8, 8), 10)
     data = TensorData(torch.zeros(2, 1, 8, 8), torch.zeros(2, dtype=torch.long))
@@ -90,13 +90,15 @@ def test_large_local_parts_live_on_the_node_disk(tmp_path):
 
 def test_lg_config_errors_name_the_key():
     with pytest.raises(ConfigError, match="lg.fedavg_rounds"):
-        load_config("quickstart", ["algorithm=lg_fedavg", "lg.goal_accuracy=null"])
+        load_config("quickstart", ["algorithm=lg_fedavg"])
+    with pytest.raises(ConfigError, match="exactly one"):
+        load_config("quickstart", ["algorithm=lg_fedavg", "lg.fedavg_rounds=3", "lg.goal_accuracy=0.9"])
     from flower_app.config import validate_with_data
 
     with pytest.raises(ConfigError, match="lg.global_part"):
-        validate_with_data(load_config("quickstart", ["algorithm=lg_fedavg", "lg.global_part=[fc9]"]))
+        validate_with_data(load_config("quickstart", ["algorithm=lg_fedavg", "lg.fedavg_rounds=1", "lg.global_part=[fc9]"]))
     with pytest.raises(ConfigError, match="lg.global_part"):
-        validate_with_data(load_config("quickstart", ["algorithm=lg_fedavg", "lg.global_part=[fc1,fc2]"]))
+        validate_with_data(load_config("quickstart", ["algorithm=lg_fedavg", "lg.fedavg_rounds=1", "lg.global_part=[fc1,fc2]"]))
 
 
 def test_local_only_new_test_ensembles_the_clients_own_models(tmp_path):
