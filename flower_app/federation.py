@@ -37,22 +37,26 @@ class Traffic:
     params_up: int = 0
     bytes_down: int = 0
     bytes_up: int = 0
+    by_phase: dict[str, int] = field(default_factory=dict)  # parameters both ways, per phase
 
-    def sent(self, messages: Iterable[Message]) -> None:
+    def sent(self, messages: Iterable[Message], phase: str = "other") -> None:
         for msg in messages:
             p, b = payload_size(msg.content)
             self.params_down += p
             self.bytes_down += b
+            self.by_phase[phase] = self.by_phase.get(phase, 0) + p
 
-    def received(self, replies: Iterable[Message]) -> None:
+    def received(self, replies: Iterable[Message], phase: str = "other") -> None:
         for msg in replies:
             if not msg.has_error():
                 p, b = payload_size(msg.content)
                 self.params_up += p
                 self.bytes_up += b
+                self.by_phase[phase] = self.by_phase.get(phase, 0) + p
 
     def as_dict(self) -> dict[str, int]:
-        return dict(vars(self))
+        """The four running totals (per-phase counts: ``by_phase``)."""
+        return {k: v for k, v in vars(self).items() if k != "by_phase"}
 
 
 class NodeSubset:
@@ -97,9 +101,9 @@ def connect(grid: Grid, num_clients: int, traffic: Traffic, wait_s: float = NODE
     messages = [
         Message(RecordDict({CONFIG: ConfigRecord()}), dst_node_id=node, message_type="query.info") for node in nodes
     ]
-    traffic.sent(messages)
+    traffic.sent(messages, "handshake")
     replies = list(grid.send_and_receive(messages))
-    traffic.received(replies)
+    traffic.received(replies, "handshake")
     node_of: dict[int, int] = {}
     for rep in replies:
         if rep.has_error():
@@ -116,9 +120,9 @@ def connect(grid: Grid, num_clients: int, traffic: Traffic, wait_s: float = NODE
 
 def exchange(grid: Grid, messages: list[Message], traffic: Traffic, fed: Federation, phase: str) -> tuple[list[Message], list[int]]:
     """Send, receive, count traffic; return the good replies and the partition ids that failed."""
-    traffic.sent(messages)
+    traffic.sent(messages, phase)
     replies = list(grid.send_and_receive(messages))
-    traffic.received(replies)
+    traffic.received(replies, phase)
     failed = []
     for rep in replies:
         if rep.has_error():

@@ -331,6 +331,7 @@ class Experiment:
             "out_dir": str(self.out_dir),
         }
         summary.update(self.traffic.as_dict())
+        summary["params_by_phase"] = dict(self.traffic.by_phase)
         if self.evaluator.linear and evals:
             summary["representation_distance"] = evals[-1].get("representation_distance")
             summary["global_grad_norm"] = evals[-1].get("global_grad_norm")

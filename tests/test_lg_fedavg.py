@@ -67,6 +67,9 @@ def test_warm_start_then_only_the_global_part_crosses_the_wire(tmp_path):
     newtest = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
                if '"newtest"' in line]
     assert newtest[0]["new_test_models"] == 20
+    phases = summary["params_by_phase"]
+    assert {k for k, v in phases.items() if v} == {"train", "evaluate", "newtest"}  # the handshake carries no arrays
+    assert sum(phases.values()) == summary["params_up"] + summary["params_down"]
 
 
 def test_goal_accuracy_switches_after_the_first_round_that_reaches_it(tmp_path):
