@@ -135,7 +135,9 @@ def exchange(grid: Grid, messages: list[Message], traffic: Traffic, fed: Federat
         if pid not in answered:
             failed.append(pid)
             log(WARNING, "%s: client %d (node %d) sent no reply", phase, pid, msg.metadata.dst_node_id)
-    good = [r for r in replies if not r.has_error()]
+    # replies arrive in any order; aggregating them by partition id makes the floating-point
+    # sums, and so the whole run, repeat exactly for a seed
+    good = sorted((r for r in replies if not r.has_error()), key=lambda r: fed.pid_of.get(r.metadata.src_node_id, -1))
     return good, sorted(failed)
 
 

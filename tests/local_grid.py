@@ -3,7 +3,8 @@
 Each node has its own ``Context`` (node config with its partition id, persistent state),
 so the ServerApp's ``Experiment`` and the algorithms' server and client halves run exactly
 as in simulation, only without the SuperLink and Ray start-up. ``sent`` and ``replies``
-keep every message for inspection; ``fail`` makes chosen partitions raise.
+keep every message for inspection; ``fail`` makes chosen partitions raise; ``reverse``
+returns the replies in reverse order.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from flower_app.client_app import app as client_app
 class LocalGrid(Grid):
     """``num_nodes`` nodes serving partitions ``0..num_nodes-1`` of one run config."""
 
-    def __init__(self, num_nodes: int, run_config: dict, fail: Iterable[int] = ()) -> None:
+    def __init__(self, num_nodes: int, run_config: dict, fail: Iterable[int] = (), reverse: bool = False) -> None:
         TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, SUPERLINK_NODE_ID
         self.node_ids = [1000 + i for i in range(num_nodes)]
         self.contexts = {
@@ -36,6 +37,7 @@ class LocalGrid(Grid):
             for pid, node in enumerate(self.node_ids)
         }
         self.fail = set(fail)
+        self.reverse = reverse  # deliver replies in reverse order (as a real federation may)
         self.sent: list[Message] = []
         self.replies: list[Message] = []
 
@@ -76,4 +78,4 @@ class LocalGrid(Grid):
             rep.metadata.__dict__["_src_node_id"] = msg.metadata.dst_node_id
             self.replies.append(rep)
             out.append(rep)
-        return out
+        return out[::-1] if self.reverse else out

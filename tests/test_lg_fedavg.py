@@ -112,3 +112,16 @@ def test_local_only_new_test_ensembles_the_clients_own_models(tmp_path):
     assert len(sent_models) == 20  # each client's model crosses the wire once, for the New Test only
     assert 0.1 < summary["new_test_accuracy"] <= 1.0
     assert summary["params_up"] == 20 * sum(v.numel() for v in build_model("digits_mlp", (1, 8, 8), 10).state_dict().values())
+
+
+def test_reply_order_does_not_change_the_run(tmp_path):
+    """Aggregation follows partition ids, not arrival order: the same seed gives the same bits."""
+    overrides = "wandb.enabled=false algorithm=fedavg compare=[] rounds=4 data.num_clients=20"
+    runs = []
+    for reverse in (False, True):
+        out = tmp_path / str(reverse)
+        grid = LocalGrid(20, {"experiment": "quickstart", "overrides": overrides}, reverse=reverse)
+        run_variants(grid, load_variants("quickstart", f"{overrides} out_dir={out}"))
+        runs.append([json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
+                     if '"eval"' in line])
+    assert [r["global_loss"] for r in runs[0]] == [r["global_loss"] for r in runs[1]]
