@@ -179,6 +179,7 @@ def validate(cfg: DictConfig) -> None:
              "set exactly one of lg.fedavg_rounds and lg.goal_accuracy: LG-FedAvg starts from a FedAvg model "
              "trained for a number of rounds or up to a goal accuracy")
     _choice(cfg, "model.init", MODEL_INITS)
+    _choice(cfg, "train.augment", ("none", "crop_flip"))
     _require(cfg.model.init == "default" or cfg.model.name == "linear_rep", "model.init",
              f"'scaled_orthonormal' is defined for model.name=linear_rep, got {cfg.model.name!r}")
     _positive(cfg, "new_clients.lr", allow_none=True)
@@ -248,6 +249,8 @@ def validate_with_data(cfg: DictConfig):
     fed = build_federated_data(cfg.data, int(cfg.seed))
     model = initial_model(cfg, fed.bundle)
     head = head_groups(cfg, model)
+    _require(cfg.train.augment == "none" or len(fed.bundle.input_shape) == 3, "train.augment",
+             f"'{cfg.train.augment}' needs image inputs (C, H, W), data.name={cfg.data.name!r} has {tuple(fed.bundle.input_shape)}")
     if cfg.algorithm == "lg_fedavg":
         from strategies.lg_fedavg import global_keys, local_keys
 

@@ -69,6 +69,7 @@ class ClientRuntime:
             steps=t.local_steps,
             prox_mu=prox_mu,
             regression=self.regression,
+            augment=None if t.augment == "none" else str(t.augment),
         )
 
     def reset_model(self) -> None:

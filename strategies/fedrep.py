@@ -143,6 +143,7 @@ def train_fedrep(rt: ClientRuntime, content: RecordDict) -> RecordDict:
         steps=t.local_steps,
         params=body_parameters(rt),
         regression=rt.regression,
+        augment=None if t.augment == "none" else str(t.augment),
     )
     keep_head(rt)
     metrics = {

@@ -118,6 +118,25 @@ def _step_batches(
                 return
 
 
+def crop_flip(x: torch.Tensor, generator: torch.Generator, padding: int = 4) -> torch.Tensor:
+    """Random crop after zero padding (``padding`` pixels) and random horizontal flip, per
+    image, on the tensor's device; the randomness comes from ``generator``."""
+    n, c, h, w = x.shape
+    padded = F.pad(x, (padding, padding, padding, padding))
+    dy = torch.randint(0, 2 * padding + 1, (n, 1), generator=generator)
+    dx = torch.randint(0, 2 * padding + 1, (n, 1), generator=generator)
+    flip = torch.rand(n, 1, generator=generator) < 0.5
+    rows = dy + torch.arange(h)
+    cols = dx + torch.arange(w)
+    cols = torch.where(flip, cols.flip(1), cols)
+    dev = x.device
+    return padded[torch.arange(n, device=dev)[:, None, None, None], torch.arange(c, device=dev)[None, :, None, None],
+                  rows.to(dev)[:, None, :, None], cols.to(dev)[:, None, None, :]]
+
+
+AUGMENTATIONS = {"crop_flip": crop_flip}
+
+
 def train(
     model: nn.Module,
     data: TensorData,
@@ -129,14 +148,17 @@ def train(
     params: Sequence[nn.Parameter] | None = None,
     prox_mu: float = 0.0,
     regression: bool = False,
+    augment: str | None = None,
 ) -> TrainResult:
     """Train ``model`` in place with mini-batch SGD.
 
     Runs ``epochs`` passes over ``data`` or, when ``steps`` is given, exactly ``steps``
     mini-batch steps. Only ``params`` are updated (default: all parameters). With
     ``prox_mu > 0`` the FedProx term (mu/2)·||w − w_start||² over the trained parameters
-    is added to the loss.
+    is added to the loss. ``augment`` names an on-device augmentation of each batch
+    (``crop_flip``), drawn from ``generator``.
     """
+    transform = AUGMENTATIONS[augment] if augment else None
     trainable = list(params) if params is not None else list(model.parameters())
     opt = optimizer.build(trainable)
     anchors = [p.detach().clone() for p in trainable] if prox_mu > 0 else None
@@ -148,6 +170,8 @@ def train(
         return TrainResult(0.0, 0, 0)
     for idx in _step_batches(len(data), batch_size, generator, data.y.device, epochs, steps):
         xb, yb = data.x[idx], data.y[idx]
+        if transform is not None:
+            xb = transform(xb, generator)
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(model(xb), yb)
         loss.backward()

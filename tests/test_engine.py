@@ -85,3 +85,31 @@ def test_evaluate_counts_correct_predictions():
         out = model(data.x)
     assert res.correct == int((out.argmax(1) == data.y).sum())
     assert res.loss == pytest.approx(float(F.cross_entropy(out, data.y)), rel=1e-5)
+
+
+def test_crop_flip_is_a_padded_crop_possibly_mirrored():
+    from task.engine import crop_flip
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 3, 8, 8, generator=g)
+    out = crop_flip(x, torch.Generator().manual_seed(1), padding=2)
+    assert out.shape == x.shape
+    padded = F.pad(x, (2, 2, 2, 2))
+    flips = 0
+    for i in range(64):
+        windows = [padded[i, :, dy:dy + 8, dx:dx + 8] for dy in range(5) for dx in range(5)]
+        plain = any(torch.equal(out[i], w) for w in windows)
+        mirrored = any(torch.equal(out[i], w.flip(-1)) for w in windows)
+        assert plain or mirrored
+        flips += mirrored and not plain
+    assert 10 < flips < 54  # about half are mirrored
+    same = crop_flip(x, torch.Generator().manual_seed(1), padding=2)
+    assert torch.equal(out, same)  # a pure function of the generator
+
+
+def test_augmentation_needs_images():
+    from flower_app.config import load_config, validate_with_data
+    from task.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="train.augment"):
+        validate_with_data(load_config("linear_fedrep", ["train.augment=crop_flip"]))
