@@ -56,8 +56,10 @@ class ClientRuntime:
         """Shuffling generator: a pure function of (seed, round, client, salt)."""
         return seeded_generator(self.cfg.seed, server_round, self.partition_id, salt)
 
-    def local_training(self, config: ConfigRecord, prox_mu: float = 0.0) -> TrainResult:
-        """The configured local epochs (or exact steps) at this round's learning rate."""
+    def local_training(self, config: ConfigRecord, prox_mu: float = 0.0,
+                       params: list[torch.nn.Parameter] | None = None) -> TrainResult:
+        """The configured local epochs (or exact steps) at this round's learning rate,
+        updating only ``params`` when given (default: the whole model)."""
         t = self.cfg.train
         return train(
             self.model,
@@ -67,10 +69,20 @@ class ClientRuntime:
             generator=self.generator(int(config.get("server-round", 0))),
             epochs=int(t.local_epochs),
             steps=t.local_steps,
+            params=params,
             prox_mu=prox_mu,
             regression=self.regression,
             augment=None if t.augment == "none" else str(t.augment),
         )
+
+    def head_keys(self) -> list[str]:
+        """State keys of this run's head (``model.head``, resolved once per worker)."""
+        return self.model.parameter_names(self.head)
+
+    def body_keys(self) -> list[str]:
+        """State keys of everything before the head."""
+        head = set(self.head_keys())
+        return [k for k in self.model.state_dict() if k not in head]
 
     def reset_model(self) -> None:
         """Put the run's common initial weights into the model."""

@@ -22,7 +22,7 @@ def train_fedper(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     result = rt.local_training(round_config(content))
     keep_head(rt)
     metrics = {"train_loss": result.mean_loss, "local_steps": result.steps, NUM_EXAMPLES: len(rt.train)}
-    return reply(rt.arrays(body_keys(rt.model, rt.cfg)), **metrics)
+    return reply(rt.arrays(rt.body_keys()), **metrics)
 
 
 ALGORITHM = Algorithm(

@@ -28,12 +28,10 @@ from strategies.common import (
     NUM_EXAMPLES,
     ClientRuntime,
     body_keys,
-    configured_head,
-    head_keys,
     reply,
     round_config,
 )
-from task.engine import TrainResult, fit_head_least_squares, train, train_head_on_features
+from task.engine import TrainResult, fit_head_least_squares, train_head_on_features
 
 HEAD_STATE = "head"
 COLD_START_SALT = 4049  # head fits of never-sampled clients shuffle apart from training rounds
@@ -74,7 +72,7 @@ def make_strategy(cfg: DictConfig) -> Strategy:
 # -- client helpers shared with FedPer -------------------------------------------------------
 def load_own_head(rt: ClientRuntime) -> bool:
     """Load the client's kept head; the common initial head if it has none. True if kept."""
-    keys = head_keys(rt.model, rt.cfg)
+    keys = rt.head_keys()
     name = rt.state_key(HEAD_STATE)
     stored = rt.state[name].to_torch_state_dict() if name in rt.state else None
     own = rt.model.state_dict()
@@ -87,13 +85,13 @@ def load_own_head(rt: ClientRuntime) -> bool:
 
 def keep_head(rt: ClientRuntime) -> None:
     """Store the current head in the client state."""
-    rt.state[rt.state_key(HEAD_STATE)] = rt.arrays(head_keys(rt.model, rt.cfg))
+    rt.state[rt.state_key(HEAD_STATE)] = rt.arrays(rt.head_keys())
 
 
 def fit_head(rt: ClientRuntime, server_round: int, salt: int = 0, lr: float | None = None) -> TrainResult:
     """Train the head on frozen-body features as ``fedrep.*`` configures it (``lr``: this round's)."""
     fr = rt.cfg.fedrep
-    head = configured_head(rt.model, rt.cfg)
+    head = rt.head
     if fr.head_solver == "exact":
         fit_head_least_squares(rt.model, head, rt.train)
         return TrainResult(0.0, 0, len(rt.train))
@@ -112,7 +110,7 @@ def fit_head(rt: ClientRuntime, server_round: int, salt: int = 0, lr: float | No
 
 def body_parameters(rt: ClientRuntime) -> list[torch.nn.Parameter]:
     """The trainable parameters of the body."""
-    body = set(body_keys(rt.model, rt.cfg))
+    body = set(rt.body_keys())
     return [p for name, p in rt.model.named_parameters() if name in body]
 
 
@@ -132,19 +130,7 @@ def train_fedrep(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     config = round_config(content)
     server_round = int(config.get("server-round", 0))
     head_result = fit_head(rt, server_round, lr=config.get("lr"))
-    t = rt.cfg.train
-    body_result = train(
-        rt.model,
-        rt.train,
-        rt.optimizer(lr=config.get("lr")),
-        batch_size=int(t.batch_size),
-        generator=rt.generator(server_round),
-        epochs=int(t.local_epochs),
-        steps=t.local_steps,
-        params=body_parameters(rt),
-        regression=rt.regression,
-        augment=None if t.augment == "none" else str(t.augment),
-    )
+    body_result = rt.local_training(config, params=body_parameters(rt))
     keep_head(rt)
     metrics = {
         "train_loss": body_result.mean_loss,
@@ -153,7 +139,7 @@ def train_fedrep(rt: ClientRuntime, content: RecordDict) -> RecordDict:
         "head_steps": head_result.steps,
         NUM_EXAMPLES: len(rt.train),
     }
-    return reply(rt.arrays(body_keys(rt.model, rt.cfg)), **metrics)
+    return reply(rt.arrays(rt.body_keys()), **metrics)
 
 
 ALGORITHM = Algorithm(

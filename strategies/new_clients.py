@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from flwr.app import RecordDict
 
-from strategies.common import ARRAYS, NUM_EXAMPLES, ClientRuntime, configured_head, head_keys, reply
+from strategies.common import ARRAYS, NUM_EXAMPLES, ClientRuntime, reply
 from task.engine import train_head_on_features
 
 SALT = 104729  # keeps new-client shuffles apart from training and fine-tuning
@@ -24,12 +24,12 @@ def adapt_head(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     rt.load(content[ARRAYS])
     own = rt.model.state_dict()
     with torch.no_grad():
-        for key in head_keys(rt.model, rt.cfg):
+        for key in rt.head_keys():
             own[key].copy_(rt.initial_state[key])
     nc = rt.cfg.new_clients
     optimizer = rt.optimizer(lr=nc.lr)
     generator = rt.generator(int(rt.cfg.rounds) + 1, SALT)
-    head = configured_head(rt.model, rt.cfg)
+    head = rt.head
     metrics = {"accuracy_epoch_0": rt.evaluate_local().get("accuracy", float("nan"))}
     for epoch in range(1, int(nc.epochs) + 1):
         train_head_on_features(rt.model, head, rt.train, optimizer, int(rt.cfg.train.batch_size), generator,

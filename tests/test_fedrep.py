@@ -101,8 +101,10 @@ def test_each_phase_leaves_the_frozen_part_unchanged(monkeypatch):
         assert torch.equal(v, body_before[k]), f"head phase changed body {k}"
     assert any(not torch.equal(v, head_before[k]) for k, v in snapshot(rt.model, head).items())
 
+    import strategies.common as common
+
     calls = []
-    real_train = fedrep.train
+    real_train = common.train
 
     def body_phase(model, *args, **kwargs):
         before = snapshot(model, head + body)
@@ -111,7 +113,7 @@ def test_each_phase_leaves_the_frozen_part_unchanged(monkeypatch):
         calls.append((before, after))
         return result
 
-    monkeypatch.setattr(fedrep, "train", body_phase)
+    monkeypatch.setattr(common, "train", body_phase)
     fedrep.train_fedrep(rt, body_message(rt, 1))
     (before, after), = calls
     for k in head:
