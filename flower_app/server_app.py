@@ -55,6 +55,7 @@ class ServerEvaluator:
         self.regression = fed.bundle.task == "regression"
         test = fed.bundle.test
         self.test = TensorData.from_arrays(test.x, test.y, device)
+        self._pooled: tuple[tuple[int, ...], TensorData] | None = None
 
     def _split(self, idx: np.ndarray) -> TensorData:
         t = torch.as_tensor(idx, dtype=torch.long, device=self.test.y.device)
@@ -72,17 +73,22 @@ class ServerEvaluator:
         """Whether this is the linear representation setting (ground truth B* known)."""
         return "B_star" in self.fed.bundle.meta and "body" in self.model.group_names
 
-    def linear_metrics(self, arrays: ArrayRecord, pids: list[int], global_model: bool) -> dict:
+    def linear_metrics(self, arrays: ArrayRecord, pids: tuple[int, ...], global_model: bool) -> dict:
         """dist(B, B*) of the shared body; the global-loss gradient norm for a global model."""
         state = arrays.to_torch_state_dict()
         b = state["body.weight"].double().numpy().T
         out = {"representation_distance": principal_angle_distance(b, self.fed.bundle.meta["B_star"])}
         if global_model:
+            out["global_grad_norm"] = global_gradient_norm(self.model, self._pooled_train(pids))
+        return out
+
+    def _pooled_train(self, pids: tuple[int, ...]) -> TensorData:
+        """All ``pids``' training samples on the device (built once per run)."""
+        if self._pooled is None or self._pooled[0] != pids:
             train = self.fed.bundle.train
             idx = np.concatenate([self.fed.client_train[p] for p in pids])
-            data = TensorData.from_arrays(train.x[idx], train.y[idx], self.test.y.device)
-            out["global_grad_norm"] = global_gradient_norm(self.model, data)
-        return out
+            self._pooled = (pids, TensorData.from_arrays(train.x[idx], train.y[idx], self.test.y.device))
+        return self._pooled[1]
 
     def per_client(self, pids: list[int]) -> tuple[dict[int, float], dict[int, float]]:
         acc, loss = {}, {}
@@ -140,7 +146,7 @@ class Experiment:
             self.evaluator.load(self.arrays)
             record["global_accuracy"], record["global_loss"] = self.evaluator.global_metric()
         if self.evaluator.linear and self.algorithm.shared_keys is not None:
-            record.update(self.evaluator.linear_metrics(self.arrays, self.trainable, self.algorithm.global_model))
+            record.update(self.evaluator.linear_metrics(self.arrays, tuple(self.trainable), self.algorithm.global_model))
         if self.algorithm.evaluate is None:
             accs, losses = self.evaluator.per_client(self.trainable)
             failed: list[int] = []
@@ -215,8 +221,8 @@ class Experiment:
         idx = torch.as_tensor(self.data.global_test, device=self.evaluator.test.y.device)
         x, y = self.evaluator.test.x[idx], self.evaluator.test.y[idx]
         logits = None
+        self.evaluator.load(self.arrays)  # shared part; each reply then replaces the whole own part
         for rep in replies:
-            self.evaluator.load(self.arrays)
             self.evaluator.load(rep.content[ARRAYS])
             out = predict(self.evaluator.model, x).double()
             logits = out if logits is None else logits + out
