@@ -19,6 +19,7 @@ from strategies.common import ClientRuntime, reply, round_config
 from strategies.finetune import finetune
 from strategies.new_clients import adapt_head
 from task.engine import TensorData
+from task.fairness import attribute_matrix
 from task.federated_data import build_federated_data
 
 app = ClientApp()
@@ -32,8 +33,8 @@ def _data_on_device(fed, device: torch.device) -> tuple[TensorData, TensorData]:
     key = id(fed.bundle)
     if key not in _device_data:
         bundle = fed.bundle
-        train = TensorData.from_arrays(bundle.train.x, bundle.train.y, device)
-        test = TensorData.from_arrays(bundle.test.x, bundle.test.y, device)
+        train = TensorData.from_arrays(bundle.train.x, bundle.train.y, device, attribute_matrix(bundle.train.attributes))
+        test = TensorData.from_arrays(bundle.test.x, bundle.test.y, device, attribute_matrix(bundle.test.attributes))
         _device_data[key] = (bundle, train, test)  # the bundle is kept so its id stays unique
     return _device_data[key][1], _device_data[key][2]
 
@@ -68,8 +69,8 @@ def runtime_for(context: Context, content: RecordDict | None = None) -> ClientRu
         cfg=cfg,
         partition_id=pid,
         device=device,
-        train=TensorData(train.x[train_idx], train.y[train_idx]),
-        test=TensorData(test.x[test_idx], test.y[test_idx]),
+        train=train.subset(train_idx),
+        test=test.subset(test_idx),
         model=model,
         head=head,
         initial_state=initial,
@@ -103,7 +104,7 @@ def evaluate(msg: Message, context: Context) -> Message:
     algorithm = ALGORITHMS[rt.cfg.algorithm]
     if algorithm.evaluate is None:
         rt.load(msg.content["arrays"])
-        content = reply(None, **rt.evaluate_local())
+        content = reply(None, **rt.evaluate_local(round_config(msg.content)))
     else:
         content = algorithm.evaluate(rt, msg.content)
     return Message(content=content, reply_to=msg)

@@ -178,6 +178,16 @@ def validate(cfg: DictConfig) -> None:
     _require(cfg.algorithm != "lg_fedavg" or (warm is None) != (cfg.lg.goal_accuracy is None), "lg.fedavg_rounds",
              "set exactly one of lg.fedavg_rounds and lg.goal_accuracy: LG-FedAvg starts from a FedAvg model "
              "trained for a number of rounds or up to a goal accuracy")
+    _require(isinstance(cfg.fair.adversarial, bool), "fair.adversarial",
+             f"got {cfg.fair.adversarial!r}, expected true or false")
+    _require(not cfg.fair.adversarial or cfg.algorithm == "lg_fedavg", "fair.adversarial",
+             f"the adversarial penalty trains local representations (algorithm=lg_fedavg), not '{cfg.algorithm}': "
+             "a global model cannot be trained against a local adversary (LG-FedAvg Section 5.3)")
+    lambdas = cfg.fair.lambdas
+    _require(OmegaConf.is_list(lambdas) and all(isinstance(v, (int, float)) and v >= 0 for v in lambdas),
+             "fair.lambdas", f"got {lambdas!r}, expected a list of numbers >= 0, one per protected attribute")
+    for key in ("fair.pretrain_epochs", "fair.postfit_epochs"):
+        _nonnegative(cfg, key)
     _choice(cfg, "model.init", MODEL_INITS)
     _choice(cfg, "train.augment", ("none", "crop_flip"))
     _require(cfg.model.init == "default" or cfg.model.name == "linear_rep", "model.init",
@@ -256,6 +266,13 @@ def validate_with_data(cfg: DictConfig):
 
         _require(bool(local_keys(model, cfg)), "lg.global_part", "leaves no local layers; keep at least one group local")
         global_keys(model, cfg)
+    if cfg.model.name == "adult_fair":
+        attrs = fed.bundle.train.attributes or {}
+        _require(cfg.data.name == "adult" and cfg.data.adult_split == "fairness", "model.name",
+                 f"adult_fair needs binary protected attributes: data.name=adult with data.adult_split=fairness "
+                 f"(got data.name={cfg.data.name!r}, adult_split={cfg.data.adult_split!r})")
+        _require(len(cfg.fair.lambdas) == len(attrs), "fair.lambdas",
+                 f"{len(cfg.fair.lambdas)} values for the {len(attrs)} protected attributes {list(attrs)}")
     if cfg.fedrep.head_solver == "exact":
         _require(fed.bundle.task == "regression", "fedrep.head_solver",
                  f"'exact' (least squares) needs a regression dataset, data.name={cfg.data.name!r} is a classification task")

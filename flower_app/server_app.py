@@ -23,10 +23,11 @@ from strategies import ALGORITHMS
 from strategies.base import Algorithm
 from strategies.common import ARRAYS, CONFIG, body_keys
 from task.engine import TensorData, evaluate, predict
+from task.fairness import ATTRIBUTES
 from task.linear_rep import global_gradient_norm, new_client_errors, principal_angle_distance
 from task.federated_data import FederatedData
 from task.metrics import client_spread, final_window_mean
-from task.models import SplitModel
+from task.models import FairMLP, SplitModel
 from task.sampling import sample_clients
 
 app = ServerApp()
@@ -117,6 +118,8 @@ class Experiment:
         self.tracker = Tracker(cfg, self.out_dir, self.name)
         self.evaluator = ServerEvaluator(self.data, self.model, cfg)
         self.strategy = self.algorithm.make_strategy(cfg)
+        # fair models are evaluated on the clients, where the protected attributes live
+        self.fair = isinstance(self.model, FairMLP)
         if self.algorithm.shared_keys is None:
             self.arrays = ArrayRecord()
         else:
@@ -147,16 +150,18 @@ class Experiment:
             record["global_accuracy"], record["global_loss"] = self.evaluator.global_metric()
         if self.evaluator.linear and self.algorithm.shared_keys is not None:
             record.update(self.evaluator.linear_metrics(self.arrays, tuple(self.trainable), self.algorithm.global_model))
-        if self.algorithm.evaluate is None:
+        if self.algorithm.evaluate is None and not self.fair:
             accs, losses = self.evaluator.per_client(self.trainable)
             failed: list[int] = []
         else:
-            config = ConfigRecord({"variant": self.cfg.label})
+            config = ConfigRecord({"variant": self.cfg.label, "server-round": t, "postfit": self.fair and t == int(self.cfg.rounds)})
             messages = list(self.strategy.configure_evaluate(t, self.arrays, config,
                                                              NodeSubset(self.grid, fed.nodes(self.trainable))))
             replies, failed = exchange(self.grid, messages, self.traffic, fed, "evaluate")
             self._observe_failures(fed, failed)
             accs, losses = metric_of(replies, fed, "accuracy"), metric_of(replies, fed, "loss")
+            if self.fair:
+                record.update(fairness_means(replies, fed))
         spread = client_spread(accs.values()) if accs else {}
         record.update(
             personalized_accuracy=spread.get("mean"),
@@ -343,6 +348,11 @@ class Experiment:
             summary["global_grad_norm"] = evals[-1].get("global_grad_norm")
         if not self._has_global_model(int(cfg.rounds)):
             summary["global_accuracy"] = summary["global_accuracy_last"] = None
+        if self.fair and evals:
+            for key in FAIR_METRICS + ("adversary_auc", "postfit_auc"):
+                value = final(key) if not key.startswith("postfit") else evals[-1].get(key)
+                if value is not None:
+                    summary[key] = value
         if hasattr(self.strategy, "switch_round"):
             summary["lg_switch_round"] = self.strategy.switch_round
         for record in self.recorder.records:
@@ -360,6 +370,25 @@ class Experiment:
             summary["finetune_accuracy_after_std"] = finetune["accuracy_after_std"]
             summary["finetune_accuracy_after_worst10"] = finetune["accuracy_after_worst10"]
         return summary
+
+
+#: Per-client fairness metrics (client replies) averaged over clients each evaluated round.
+FAIR_METRICS = ("class_auc", *(f"{kind}_auc_{a}" for kind in ("adversary", "postfit") for a in ATTRIBUTES))
+
+
+def fairness_means(replies: list[Message], fed: Federation) -> dict:
+    """Mean over clients of each fairness metric, and the adversary / post-fit AUC averaged
+    over the protected attributes (clients whose labels hold one class do not report a metric)."""
+    out: dict = {}
+    for key in FAIR_METRICS:
+        values = metric_of(replies, fed, key)
+        if values:
+            out[key] = float(np.mean(list(values.values())))
+    for kind in ("adversary", "postfit"):
+        per_attr = [out[f"{kind}_auc_{a}"] for a in ATTRIBUTES if f"{kind}_auc_{a}" in out]
+        if per_attr:
+            out[f"{kind}_auc"] = float(np.mean(per_attr))
+    return out
 
 
 def _fmt(value: float | None) -> str:

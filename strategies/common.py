@@ -9,7 +9,8 @@ from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from omegaconf import DictConfig
 
 from task.engine import OptimizerConfig, TensorData, TrainResult, evaluate, seeded_generator, train
-from task.models import SplitModel
+from task.fairness import ATTRIBUTES, fairness_metrics, postfit_adversary_auc, train_fair
+from task.models import FairMLP, SplitModel
 
 ARRAYS = "arrays"
 CONFIG = "config"
@@ -61,6 +62,12 @@ class ClientRuntime:
         """The configured local epochs (or exact steps) at this round's learning rate,
         updating only ``params`` when given (default: the whole model)."""
         t = self.cfg.train
+        if isinstance(self.model, FairMLP):
+            if params is not None or prox_mu or t.local_steps is not None:
+                raise ValueError("fair training (model adult_fair) runs whole local epochs of the whole model")
+            return train_fair(self.model, self.train, self.optimizer(lr=config.get("lr")), int(t.batch_size),
+                              self.generator(int(config.get("server-round", 0))), int(t.local_epochs),
+                              list(self.cfg.fair.lambdas), bool(self.cfg.fair.adversarial))
         return train(
             self.model,
             self.train,
@@ -105,12 +112,21 @@ class ClientRuntime:
         keys = names if names is not None else list(state)
         return ArrayRecord({k: state[k].detach().cpu() for k in keys})
 
-    def evaluate_local(self) -> dict[str, float]:
-        """Loss and accuracy of the current model on this client's local test split."""
+    def evaluate_local(self, config: ConfigRecord | None = None) -> dict[str, float]:
+        """Loss and accuracy of the current model on this client's local test split; for a
+        fair model also class and adversary ROC-AUC, and the post-fit check when the
+        round's config asks for it (``postfit``)."""
         res = evaluate(self.model, self.test, int(self.cfg.eval.batch_size), self.regression)
         out = {"loss": res.loss, NUM_EXAMPLES: float(res.num_examples)}
         if res.accuracy is not None:
             out["accuracy"] = res.accuracy
+        if isinstance(self.model, FairMLP):
+            names = ATTRIBUTES
+            out.update(fairness_metrics(self.model, self.test, names))
+            if config is not None and config.get("postfit", False):
+                out.update(postfit_adversary_auc(
+                    self.model, self.train, self.test, names, self.optimizer(), int(self.cfg.train.batch_size),
+                    int(self.cfg.fair.postfit_epochs), self.generator(int(config.get("server-round", 0)), salt=0xFA1)))
         return out
 
 

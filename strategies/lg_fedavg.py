@@ -33,7 +33,8 @@ from omegaconf import DictConfig
 from strategies.base import TAKE_ALL_NODES, Algorithm, all_keys
 from strategies.common import ARRAYS, CONFIG, NUM_EXAMPLES, ClientRuntime, reply, round_config
 from strategies.state_store import keep_arrays, kept_arrays
-from task.models import SplitModel
+from task.fairness import train_fair
+from task.models import FairMLP, SplitModel
 
 LOCAL_STATE = "lg-local"
 PHASE = "lg-phase"
@@ -140,6 +141,8 @@ def _adopt_local_part(rt: ClientRuntime, content: RecordDict) -> bool:
         missing = [k for k in local_keys(rt.model, rt.cfg) if k not in content[ARRAYS]]
         if missing:
             raise ValueError(f"client {rt.partition_id} has no local part yet and the message lacks {missing[:3]}")
+        if isinstance(rt.model, FairMLP):
+            _pretrain_fair(rt, round_config(content))
         state = rt.model.state_dict()
         keep_arrays(rt, LOCAL_STATE, {k: state[k] for k in local_keys(rt.model, rt.cfg)})
     else:
@@ -148,6 +151,19 @@ def _adopt_local_part(rt: ClientRuntime, content: RecordDict) -> bool:
             for key, value in own.items():
                 state[key].copy_(value.to(state[key].device))
     return True
+
+
+def _pretrain_fair(rt: ClientRuntime, config: ConfigRecord) -> None:
+    """Table 4 protocol: a new local part is pre-trained (representation with the local copy
+    of the global classifier, no penalty) for ``fair.pretrain_epochs``, then its adversary
+    alone on the frozen representation for as long."""
+    epochs = int(rt.cfg.fair.pretrain_epochs)
+    if epochs == 0:
+        return
+    gen = rt.generator(int(config.get("server-round", 0)), salt=0x9E7)
+    args = (rt.model, rt.train, rt.optimizer(), int(rt.cfg.train.batch_size), gen, epochs, list(rt.cfg.fair.lambdas))
+    train_fair(*args, penalize=False)
+    train_fair(*args, penalize=False, model_step=False)
 
 
 def train_lg(rt: ClientRuntime, content: RecordDict) -> RecordDict:
@@ -166,7 +182,7 @@ def train_lg(rt: ClientRuntime, content: RecordDict) -> RecordDict:
 def evaluate_lg(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     """Local Test: the client's own local part with the current global part."""
     _adopt_local_part(rt, content)
-    return reply(None, **rt.evaluate_local())
+    return reply(None, **rt.evaluate_local(round_config(content)))
 
 
 def send_local_part(rt: ClientRuntime, content: RecordDict) -> RecordDict:

@@ -37,18 +37,28 @@ class OptimizerConfig:
 
 @dataclass
 class TensorData:
-    """Inputs and targets of one client split, already on the training device."""
+    """Inputs and targets of one client split, already on the training device.
+
+    ``z`` optionally holds per-sample protected attributes, float (N, attributes).
+    """
 
     x: torch.Tensor
     y: torch.Tensor
+    z: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.y.shape[0])
 
     @classmethod
-    def from_arrays(cls, x: np.ndarray, y: np.ndarray, device: torch.device) -> TensorData:
+    def from_arrays(cls, x: np.ndarray, y: np.ndarray, device: torch.device,
+                    z: np.ndarray | None = None) -> TensorData:
         """Copy numpy arrays to ``device`` once."""
-        return cls(torch.as_tensor(x).to(device), torch.as_tensor(y).to(device))
+        zt = torch.as_tensor(z, dtype=torch.float32).to(device) if z is not None else None
+        return cls(torch.as_tensor(x).to(device), torch.as_tensor(y).to(device), zt)
+
+    def subset(self, idx: torch.Tensor) -> TensorData:
+        """The samples at ``idx``."""
+        return TensorData(self.x[idx], self.y[idx], self.z[idx] if self.z is not None else None)
 
 
 @dataclass
@@ -96,7 +106,7 @@ def batch_slices(
         yield perm[start : start + batch_size]
 
 
-def _step_batches(
+def step_batches(
     num_examples: int,
     batch_size: int,
     generator: torch.Generator,
@@ -168,7 +178,7 @@ def train(
     num_steps, samples = 0, 0
     if len(data) == 0:
         return TrainResult(0.0, 0, 0)
-    for idx in _step_batches(len(data), batch_size, generator, data.y.device, epochs, steps):
+    for idx in step_batches(len(data), batch_size, generator, data.y.device, epochs, steps):
         xb, yb = data.x[idx], data.y[idx]
         if transform is not None:
             xb = transform(xb, generator)

@@ -42,7 +42,19 @@ class SplitModel(nn.Sequential):
     @property
     def group_names(self) -> list[str]:
         """The group names, in forward order."""
-        return list(self._modules)
+        return [name for name in self._modules if name not in self.branches]
+
+    #: Submodules that are not layer groups (not on the forward path), e.g. an adversary.
+    branches: tuple[str, ...] = ()
+
+    def _group_modules(self) -> list[nn.Module]:
+        return [self._modules[name] for name in self.group_names]
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Run every layer group in order."""
+        for module in self._group_modules():
+            x = module(x)
+        return x
 
     def check_groups(self, groups: Iterable[str], key: str) -> None:
         """Raise ConfigError naming ``key`` if any of ``groups`` is not a group of this model.
@@ -75,13 +87,13 @@ class SplitModel(nn.Sequential):
 
     def features(self, x: Tensor, head: Sequence[str]) -> Tensor:
         """Run the body (every group before ``head``) on ``x``."""
-        for module in list(self._modules.values())[: self.split_at(head)]:
+        for module in self._group_modules()[: self.split_at(head)]:
             x = module(x)
         return x
 
     def head_forward(self, z: Tensor, head: Sequence[str]) -> Tensor:
         """Run the ``head`` groups on body features ``z``."""
-        for module in list(self._modules.values())[self.split_at(head) :]:
+        for module in self._group_modules()[self.split_at(head) :]:
             z = module(z)
         return z
 
@@ -268,7 +280,54 @@ def linear_rep(
     )
 
 
+class FairMLP(SplitModel):
+    """LG-FedAvg's UCI Adult networks (Section 5.3, Table 8; layouts from the official ``main_fair.py``).
+
+    Representation ``fc1..fc3``: input-32-32-32 with ReLU and dropout 0.2 between layers
+    (``h`` is the third layer's linear output, the official code's ``mid``). Classifier
+    ``g1..g3`` on ``h``: 32-32-classes with ReLU and dropout 0.2 (the official global
+    classifier; two logits and cross-entropy stand for its single sigmoid output).
+    ``adversary`` (not a layer group, not on the forward path): 32-32-32-32-attributes with
+    ReLU, one logit per binary protected attribute, reading ``h``.
+    """
+
+    branches = ("adversary",)
+    representation_groups = ("fc1", "fc2", "fc3")
+
+    def __init__(self, n_in: int, num_classes: int, num_attributes: int = 2, hidden: int = 32,
+                 dropout: float = 0.2) -> None:
+        def block(n: int, relu_after: bool) -> nn.Sequential:
+            layers: list[nn.Module] = [nn.Linear(n, hidden)]
+            return nn.Sequential(*layers, nn.ReLU(), nn.Dropout(dropout)) if relu_after else nn.Sequential(*layers)
+
+        groups = OrderedDict(fc1=block(n_in, True), fc2=block(hidden, True), fc3=block(hidden, False),
+                             g1=nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU(), nn.Dropout(dropout)),
+                             g2=nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU(), nn.Dropout(dropout)),
+                             g3=nn.Linear(hidden, num_classes))
+        super().__init__(groups)
+        adv: list[nn.Module] = []
+        for _ in range(3):
+            adv += [nn.Linear(hidden, hidden), nn.ReLU()]
+        self.adversary = nn.Sequential(*adv, nn.Linear(hidden, num_attributes))
+
+    def representation(self, x: Tensor) -> Tensor:
+        """The local representation ``h`` (output of ``fc3``)."""
+        return self.features(x, ("g1", "g2", "g3"))
+
+    def classify(self, h: Tensor) -> Tensor:
+        """Class logits from the representation."""
+        return self.head_forward(h, ("g1", "g2", "g3"))
+
+
+def adult_fair(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
+    """:class:`FairMLP` for tabular inputs (93 features with ``data.adult_split=fairness``)."""
+    if len(input_shape) != 1:
+        raise ConfigError(f"model.name: adult_fair needs tabular (D,) inputs, got {input_shape}")
+    return FairMLP(input_shape[0], num_classes)
+
+
 _BUILDERS: dict[str, Callable[[tuple[int, ...], int], SplitModel]] = {
+    "adult_fair": adult_fair,
     "fedrep_cnn": fedrep_cnn,
     "fedrep_cnn100": fedrep_cnn100,
     "mlp_mnist": mlp_mnist,

@@ -25,6 +25,8 @@ MODELS = {
     ),
     "digits_mlp": ((64,), 10, 4_810, ["fc1", "fc2"]),
     "linear_rep": ((20,), 1, 20 * 2 + 2 * 1, ["body", "head"]),
+    # classifier 93-32-32-32-32-32-2 (7,298) + adversary 32-32-32-32-2 (3,234)
+    "adult_fair": ((93,), 2, 10_532, ["fc1", "fc2", "fc3", "g1", "g2", "g3"]),
 }
 
 
@@ -52,7 +54,7 @@ def test_parameter_count_groups_and_default_head(name):
     assert n_params(model) == count == sum(p.numel() for p in model.parameters())
     assert model.group_names == groups
     assert model.default_head == (groups[-1],)
-    assert all(k.split(".", 1)[0] in groups for k in model.state_dict())
+    assert all(k.split(".", 1)[0] in groups + list(model.branches) for k in model.state_dict())
 
 
 def test_documented_partial_counts():
@@ -102,6 +104,18 @@ def test_forward_shape(name):
 def test_other_input_shapes(name, shape, classes):
     model = build(name, shape, classes)
     assert model(torch.randn(2, *shape)).shape == (2, classes)
+
+
+def test_fair_mlp_adversary_reads_the_representation_off_the_forward_path():
+    model = build("adult_fair")
+    x = torch.randn(5, 93)
+    with torch.no_grad():
+        h = model.representation(x)
+        assert h.shape == (5, 32) and model.adversary(h).shape == (5, 2)
+        torch.testing.assert_close(model.classify(h), model(x))
+    assert "adversary" not in model.group_names
+    assert model.parameter_names(["g1", "g2", "g3"]) == ["g1.0.weight", "g1.0.bias", "g2.0.weight", "g2.0.bias",
+                                                         "g3.weight", "g3.bias"]
 
 
 def test_linear_rep_dimension():

@@ -10,6 +10,17 @@ Config keys (under ``data.``)
 ``adult_include_protected``
     Bool, default ``true``: whether the one-hot ``race`` and ``sex`` columns are part of
     the adult features. They are always returned in ``ArrayData.attributes``.
+``adult_split``
+    ``uci`` (default): ``adult.data`` is the train split and ``adult.test`` the test split,
+    encoded as below. ``fairness``: the protocol of LG-FedAvg's Table 4 (from the
+    fairness-in-ml tutorial its official code uses): ``adult.data`` only, rows whose race is
+    White or Black (30,940), a label-stratified 50/50 split (scikit-learn,
+    ``random_state=7``) of which the first 15,000 rows of each half are kept; features are
+    the numeric columns except ``fnlwgt`` and the one-hot categorical columns except race
+    and sex (``?`` is the category ``Unknown``; each column's first category in sorted
+    order is dropped), all standardised with the train split's mean and standard
+    deviation; ``attributes`` are binary: ``race`` 1 = White, ``sex`` 1 = Male.
+    ``adult_missing`` and ``adult_include_protected`` do not apply.
 
 Adult encoding: features are the 6 numeric columns (age, fnlwgt, education-num,
 capital-gain, capital-loss, hours-per-week), then the one-hot encodings of workclass,
@@ -75,11 +86,58 @@ def _read_adult_csv(path: Path, drop_missing: bool) -> tuple[np.ndarray, list[li
     return np.asarray(nums, dtype=np.float64), cats, np.asarray(labels, dtype=np.int64)
 
 
+#: Rows kept from each half of the fairness split (LG-FedAvg Section 5.3).
+FAIRNESS_ROWS = 15_000
+
+
+def _fairness_bundle(base: Path, normalize: bool) -> DataBundle:
+    """The ``adult_split=fairness`` protocol documented above."""
+    from sklearn.model_selection import train_test_split
+
+    nums, cats, labels = _read_adult_csv(base / "adult.data", drop_missing=False)
+    race_col, sex_col = ADULT_CATEGORICAL.index("race"), ADULT_CATEGORICAL.index("sex")
+    keep = np.array([row[race_col] in ("White", "Black") for row in cats])
+    rows = [row for row, k in zip(cats, keep) if k]
+    nums, labels = nums[keep], labels[keep]
+    numeric = [i for i, c in enumerate(ADULT_NUMERIC) if c != "fnlwgt"]
+    feats, names = [nums[:, numeric]], [ADULT_NUMERIC[i] for i in numeric]
+    for j, col in enumerate(ADULT_CATEGORICAL):
+        if col in ADULT_PROTECTED:
+            continue
+        values = np.array(["Unknown" if row[j] == "?" else row[j] for row in rows])
+        kinds = np.unique(values)[1:]
+        feats.append((values[:, None] == kinds[None, :]).astype(np.float64))
+        names.extend(f"{col}={c}" for c in kinds)
+    x = np.concatenate(feats, axis=1)
+    attrs = {"race": np.array([row[race_col] == "White" for row in rows], dtype=np.int64),
+             "sex": np.array([row[sex_col] == "Male" for row in rows], dtype=np.int64)}
+    train_idx, test_idx = train_test_split(np.arange(len(labels)), test_size=0.5, stratify=labels, random_state=7)
+    train_idx, test_idx = train_idx[:FAIRNESS_ROWS], test_idx[:FAIRNESS_ROWS]
+    mean, std = x[train_idx].mean(axis=0), x[train_idx].std(axis=0)
+    std[std < 1e-12] = 1.0
+    if normalize:
+        x = (x - mean) / std
+
+    def split(idx: np.ndarray) -> ArrayData:
+        return ArrayData(x[idx].astype(np.float32), labels[idx], None, {k: v[idx] for k, v in attrs.items()})
+
+    return DataBundle(
+        train=split(train_idx),
+        test=split(test_idx),
+        num_classes=2,
+        input_shape=(x.shape[1],),
+        meta={"class_names": ["<=50K", ">50K"], "feature_names": names,
+              "attribute_categories": {"race": ["Black", "White"], "sex": ["Female", "Male"]}},
+    )
+
+
 def load_adult(root: Path, data_cfg: Mapping, normalize: bool) -> DataBundle:
     """UCI Adult from ``adult.data`` / ``adult.test`` under ``root``, encoded as documented above."""
+    base = root if root.is_dir() else root.parent
+    if get_choice(data_cfg, "adult_split", "uci", ("uci", "fairness")) == "fairness":
+        return _fairness_bundle(base, normalize)
     missing = get_choice(data_cfg, "adult_missing", "keep", ("keep", "drop"))
     include_protected = get_bool(data_cfg, "adult_include_protected", True)
-    base = root if root.is_dir() else root.parent
     ntr, ctr, ytr = _read_adult_csv(base / "adult.data", missing == "drop")
     nte, cte, yte = _read_adult_csv(base / "adult.test", missing == "drop")
     mean = ntr.mean(axis=0)
