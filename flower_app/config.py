@@ -188,6 +188,16 @@ def validate(cfg: DictConfig) -> None:
              "fair.lambdas", f"got {lambdas!r}, expected a list of numbers >= 0, one per protected attribute")
     for key in ("fair.pretrain_epochs", "fair.postfit_epochs"):
         _nonnegative(cfg, key)
+    online_on = bool(cfg.data.online_device.enabled)
+    _nonnegative(cfg, "online.rounds")
+    _require(cfg.online.rounds == 0 or online_on, "online.rounds",
+             "the online phase needs its device: set data.online_device.enabled=true (and count it in data.num_clients)")
+    _require(not online_on or cfg.online.rounds > 0, "data.online_device.enabled",
+             "the online device only trains in the online phase: set online.rounds > 0")
+    fraction_c = cfg.online.fraction
+    _require(isinstance(fraction_c, (int, float)) and 0 <= fraction_c <= 1, "online.fraction",
+             f"got {fraction_c!r}, expected a fraction in [0, 1]")
+    _positive(cfg, "online.start_accuracy", allow_none=True)
     _choice(cfg, "model.init", MODEL_INITS)
     _choice(cfg, "train.augment", ("none", "crop_flip"))
     _require(cfg.model.init == "default" or cfg.model.name == "linear_rep", "model.init",
@@ -240,7 +250,7 @@ def validate(cfg: DictConfig) -> None:
 
 def clients_per_round(cfg: DictConfig) -> int:
     """Number of clients sampled each round: ceil(C · #training clients), at least 1."""
-    trainable = cfg.data.num_clients - cfg.data.num_new_clients
+    trainable = cfg.data.num_clients - cfg.data.num_new_clients - int(bool(cfg.data.online_device.enabled))
     return max(1, min(trainable, math.ceil(cfg.train.fraction * trainable - 1e-9)))
 
 

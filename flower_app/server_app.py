@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from datetime import datetime
 from logging import INFO
@@ -109,7 +110,9 @@ class Experiment:
         self.start = time.monotonic()
         self.algorithm: Algorithm = ALGORITHMS[cfg.algorithm]
         self.data, self.model = validate_with_data(cfg)
-        self.trainable = [p for p in range(self.data.num_clients) if p not in set(self.data.new_clients)]
+        held_out = set(self.data.new_clients) | {self.data.online_device}
+        self.trainable = [p for p in range(self.data.num_clients) if p not in held_out]
+        self.last_main_round = int(cfg.rounds)
         self.num_sampled = clients_per_round(cfg)
         self.traffic = Traffic()
         self.out_dir = output_dir(cfg)
@@ -127,8 +130,9 @@ class Experiment:
             self.arrays = ArrayRecord({k: state[k].detach().clone() for k in self.algorithm.shared_keys(self.model, cfg)})
 
     # -- phases ---------------------------------------------------------------------------
-    def train_round(self, t: int, fed: Federation) -> dict:
-        pids = sample_clients(self.trainable, self.num_sampled, int(self.cfg.seed), t)
+    def train_round(self, t: int, fed: Federation, pids: list[int] | None = None) -> dict:
+        if pids is None:
+            pids = sample_clients(self.trainable, self.num_sampled, int(self.cfg.seed), t)
         config = ConfigRecord({"lr": float(self.cfg.train.lr) * float(self.cfg.train.lr_decay) ** (t - 1),
                                "variant": self.cfg.label})
         messages = list(self.strategy.configure_train(t, self.arrays, config, NodeSubset(self.grid, fed.nodes(pids))))
@@ -143,7 +147,8 @@ class Experiment:
             record.update({k: float(v) for k, v in metrics.items()})
         return record
 
-    def evaluate_round(self, t: int, fed: Federation) -> dict:
+    def evaluate_round(self, t: int, fed: Federation, pids: list[int] | None = None) -> dict:
+        pids = self.trainable if pids is None else pids
         record: dict = {"round": t, "phase": "eval"}
         if self.algorithm.shared_keys is not None and self.algorithm.global_model and self._has_global_model(t):
             self.evaluator.load(self.arrays)
@@ -151,12 +156,12 @@ class Experiment:
         if self.evaluator.linear and self.algorithm.shared_keys is not None:
             record.update(self.evaluator.linear_metrics(self.arrays, tuple(self.trainable), self.algorithm.global_model))
         if self.algorithm.evaluate is None and not self.fair:
-            accs, losses = self.evaluator.per_client(self.trainable)
+            accs, losses = self.evaluator.per_client(pids)
             failed: list[int] = []
         else:
             config = ConfigRecord({"variant": self.cfg.label, "server-round": t, "postfit": self.fair and t == int(self.cfg.rounds)})
             messages = list(self.strategy.configure_evaluate(t, self.arrays, config,
-                                                             NodeSubset(self.grid, fed.nodes(self.trainable))))
+                                                             NodeSubset(self.grid, fed.nodes(pids))))
             replies, failed = exchange(self.grid, messages, self.traffic, fed, "evaluate")
             self._observe_failures(fed, failed)
             accs, losses = metric_of(replies, fed, "accuracy"), metric_of(replies, fed, "loss")
@@ -251,6 +256,35 @@ class Experiment:
         return {"round": int(cfg.rounds), "phase": "newclients", "newclient_error": errors["head_on_learned_b"],
                 "newclient_error_local_only": errors["local_only"]}
 
+    def online_phase(self, fed: Federation) -> None:
+        """LG-FedAvg Table 3: the online device joins for ``online.rounds`` rounds, each with a
+        fraction ``online.fraction`` of the original devices; every evaluated round records
+        the accuracy on normal data (mean over the original devices' local tests) and on the
+        device's rotated test set."""
+        cfg, device = self.cfg, self.data.online_device
+        start, rounds = self.last_main_round, int(cfg.online.rounds)
+        others = math.ceil(float(cfg.online.fraction) * len(self.trainable) - 1e-9)
+        for s in range(1, rounds + 1):
+            t = start + s
+            pids = [device] + (sample_clients(self.trainable, others, int(cfg.seed), t) if others else [])
+            record = self.train_round(t, fed, pids)
+            record["phase"] = "online-train"
+            self.recorder.log(record)
+            if s % int(cfg.eval.every) and s <= rounds - int(cfg.eval.final_window) and s != 1:
+                continue
+            record = self.evaluate_round(t, fed, self.trainable + [device])
+            accs = {int(k): v for k, v in record["client_accuracy"].items()}
+            normal = [v for k, v in accs.items() if k != device]
+            record.update(phase="online", online_round=s,
+                          normal_accuracy=float(np.mean(normal)) if normal else None,
+                          rotated_accuracy=accs.get(device), elapsed_s=time.monotonic() - self.start)
+            record.update(self.traffic.as_dict())
+            self.recorder.log(record)
+            self.tracker.log({f"online/{k}": v for k, v in record.items()}, step=t)
+            log(INFO, "[flrep] online round %d/%d (round %d) | normal acc %s | rotated acc %s | global acc %s",
+                s, rounds, t, _fmt(record["normal_accuracy"]), _fmt(record["rotated_accuracy"]),
+                _fmt(record.get("global_accuracy")))
+
     def should_evaluate(self, t: int) -> bool:
         cfg = self.cfg
         return t % int(cfg.eval.every) == 0 or t > int(cfg.rounds) - int(cfg.eval.final_window) or t == 1
@@ -283,6 +317,13 @@ class Experiment:
                 log(INFO, "[flrep] round %d/%d | personalized acc %s | global acc %s%s | elapsed %.1fs | ETA %.1fs",
                     t, rounds, _fmt(eval_record["personalized_accuracy"]), _fmt(eval_record.get("global_accuracy")),
                     extra, time.monotonic() - self.start, eta)
+                goal = cfg.online.start_accuracy
+                if goal is not None and (eval_record.get("global_accuracy") or 0.0) >= goal:
+                    self.last_main_round = t
+                    log(INFO, "[flrep] global accuracy reached online.start_accuracy=%s at round %d", goal, t)
+                    break
+        if int(cfg.online.rounds) > 0:
+            self.online_phase(fed)
         finetune = None
         if cfg.finetune.enabled:
             finetune = self.finetune_phase(fed)
@@ -316,7 +357,7 @@ class Experiment:
         window = int(cfg.eval.final_window)
 
         def final(key: str) -> float | None:
-            return final_window_mean(rounds, [r.get(key) for r in evals], int(cfg.rounds), window)
+            return final_window_mean(rounds, [r.get(key) for r in evals], self.last_main_round, window)
 
         trains = [r for r in self.recorder.records if r["phase"] == "train"]
         summary = {
@@ -348,6 +389,14 @@ class Experiment:
             summary["global_grad_norm"] = evals[-1].get("global_grad_norm")
         if not self._has_global_model(int(cfg.rounds)):
             summary["global_accuracy"] = summary["global_accuracy_last"] = None
+        online = [r for r in self.recorder.records if r["phase"] == "online"]
+        if online:
+            last = online[-1]["round"]
+            summary["online_start_round"] = self.last_main_round
+            summary["online_rounds"] = online[-1]["online_round"]
+            for key in ("normal_accuracy", "rotated_accuracy", "global_accuracy"):
+                summary[f"online_{key}"] = final_window_mean([r["round"] for r in online], [r.get(key) for r in online],
+                                                             last, window)
         if self.fair and evals:
             for key in FAIR_METRICS + ("adversary_auc", "postfit_auc"):
                 value = final(key) if not key.startswith("postfit") else evals[-1].get(key)

@@ -23,6 +23,13 @@ Config keys (under ``data.``; the source and partition keys are documented in
     reserved labels and ``new_client_train_size`` (500) train / ``new_client_test_size`` (100)
     test samples uniformly from them (independently per new client, so new clients may share
     samples).
+``online_device``
+    ``{enabled, train_size, test_size, quarter_turns}`` (default disabled): LG-FedAvg Table 3's
+    device that joins after training. When enabled the last partition id is that device:
+    ``train_size`` (3000) train and ``test_size`` (500) test images drawn at random (seeded)
+    from the whole train / test sets and rotated by ``quarter_turns`` × 90°
+    (:func:`rotated_device`); the other ``num_clients - 1`` partitions split the data as
+    configured. ``FederatedData.online_device`` is its id.
 ``test_per_client``
     Null (default) or int >= 1: local test-set size per client. Null means proportional,
     ``round(len(test) / len(train) * len(train_i))``. Local test sets have the client's
@@ -42,6 +49,7 @@ For ``synthetic_linear`` the ``natural`` partition reproduces
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -50,6 +58,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from task.datasets.bundle import ArrayData
 from task.errors import ConfigError
 from task.partition import group_test_split, matched_test_split, partition_scheme, partition_train
 from task.sources import (
@@ -75,6 +84,7 @@ class FederatedData:
     client_test: list[np.ndarray]
     global_test: np.ndarray
     new_clients: list[int]
+    online_device: int | None = None
 
     @property
     def num_clients(self) -> int:
@@ -108,7 +118,8 @@ def source_key(data_cfg: Mapping) -> str:
     plain = to_plain(data_cfg)
     ignore = {"partition", "classes_per_client", "class_assignment_mode", "dirichlet_alpha", "min_partition_size",
               "dirichlet_self_balancing", "shards_per_client", "shard_size", "num_new_clients", "test_per_client",
-              "new_client_classes", "new_client_classes_per_client", "new_client_train_size", "new_client_test_size"}
+              "new_client_classes", "new_client_classes_per_client", "new_client_train_size", "new_client_test_size",
+              "online_device"}
     if plain.get("name") != "synthetic_linear":
         ignore.add("num_clients")
     return json.dumps({k: v for k, v in plain.items() if k not in ignore}, sort_keys=True)
@@ -227,6 +238,7 @@ def _build_cached(key: str) -> FederatedData:
         client_test = _unpack(cached["test_flat"], cached["test_len"])
     else:
         num_partitioned = num_clients if new_classes is None else num_clients - num_new
+        num_partitioned -= 1 if (data_cfg.get("online_device") or {}).get("enabled", False) else 0
         client_train, client_test = _split(bundle, train_keep, test_keep, data_cfg, scheme, num_partitioned,
                                            per_client, seed)
         if new_classes is not None:
@@ -240,13 +252,41 @@ def _build_cached(key: str) -> FederatedData:
         sf, sl = _pack(client_test)
         save_npz_atomic(cache_file, train_flat=tf, train_len=tl, test_flat=sf, test_len=sl)
 
+    online = data_cfg.get("online_device") or {}
+    online_pid = None
+    if online.get("enabled", False):
+        bundle, train_idx, test_idx = rotated_device(bundle, int(online.get("train_size", 3000)),
+                                                     int(online.get("test_size", 500)),
+                                                     int(online.get("quarter_turns", 1)), seed)
+        client_train, client_test = client_train + [train_idx], client_test + [test_idx]
+        online_pid = len(client_train) - 1
     return FederatedData(
         bundle=bundle,
         client_train=client_train,
         client_test=client_test,
         global_test=test_keep.astype(np.int64),
         new_clients=list(range(num_clients - num_new, num_clients)),
+        online_device=online_pid,
     )
+
+
+def rotated_device(bundle: DataBundle, train_size: int, test_size: int, quarter_turns: int, seed: int
+                   ) -> tuple[DataBundle, np.ndarray, np.ndarray]:
+    """LG-FedAvg Table 3's online device: ``train_size`` / ``test_size`` samples drawn at random
+    (seeded) from the train / test sets, images rotated by ``quarter_turns`` × 90°. Returns a
+    bundle with those rotated copies appended to its splits, and the device's indices."""
+    if len(bundle.input_shape) != 3:
+        raise ConfigError(f"data.online_device needs image data (C, H, W); data has inputs {tuple(bundle.input_shape)}")
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x0A11]))
+    splits, indices = [], []
+    for split, size, key in ((bundle.train, train_size, "train_size"), (bundle.test, test_size, "test_size")):
+        if not 1 <= size <= len(split):
+            raise ConfigError(f"data.online_device.{key}={size} is invalid: expected 1..{len(split)}")
+        pick = np.sort(rng.choice(len(split), size=size, replace=False))
+        x = np.concatenate([split.x, np.rot90(split.x[pick], k=quarter_turns, axes=(2, 3))])
+        splits.append(ArrayData(np.ascontiguousarray(x), np.concatenate([split.y, split.y[pick]])))
+        indices.append(np.arange(len(split), len(split) + size, dtype=np.int64))
+    return dataclasses.replace(bundle, train=splits[0], test=splits[1]), indices[0], indices[1]
 
 
 __all__ = ["FederatedData", "build_federated_data", "clear_caches"]

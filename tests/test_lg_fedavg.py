@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from flwr.app import ConfigRecord, RecordDict
@@ -125,3 +126,39 @@ def test_reply_order_does_not_change_the_run(tmp_path):
         runs.append([json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
                      if '"eval"' in line])
     assert [r["global_loss"] for r in runs[0]] == [r["global_loss"] for r in runs[1]]
+
+
+def test_online_device_joins_after_the_goal_with_rotated_data(tmp_path):
+    overrides = (f"wandb.enabled=false out_dir={tmp_path} algorithm=lg_fedavg compare=[] lg.global_part=[fc2] "
+                 "lg.goal_accuracy=0.5 rounds=40 data.num_clients=21 data.online_device.enabled=true "
+                 "data.online_device.train_size=200 data.online_device.test_size=50 online.rounds=3 "
+                 "online.fraction=0.1 online.start_accuracy=0.5 eval.every=5 eval.final_window=1")
+    grid = LocalGrid(21, {"experiment": "quickstart", "overrides": overrides})
+    summary = run_variants(grid, load_variants("quickstart", overrides))
+    start = summary["online_start_round"]
+    assert summary["lg_switch_round"] == start + 1 and start < 40
+    trained = {}
+    for msg in grid.sent:
+        if msg.metadata.message_type == "train":
+            trained.setdefault(int(msg.content["config"]["server-round"]), []).append(msg.metadata.dst_node_id)
+    assert max(trained) == start + 3
+    online_node = grid.node_ids[20]
+    assert all(online_node not in nodes for t, nodes in trained.items() if t <= start)
+    assert all(online_node in nodes and len(nodes) == 3 for t, nodes in trained.items() if t > start)  # device + 2
+    assert 0 <= summary["online_rotated_accuracy"] <= 1 and 0.3 < summary["online_normal_accuracy"] <= 1
+
+
+def test_rotated_device_holds_rotated_copies():
+    from task.federated_data import build_federated_data
+
+    cfg = load_config("quickstart", ["data.num_clients=21", "data.online_device.enabled=true", "online.rounds=1",
+                                     "data.online_device.train_size=30", "data.online_device.test_size=10"])
+    fed = build_federated_data(cfg.data, 0)
+    assert fed.online_device == 20 and len(fed.client_train) == 21
+    assert len(fed.client_train[20]) == 30 and len(fed.client_test[20]) == 10
+    x = fed.bundle.train.x
+    original = x[: len(x) - 30]
+    for i in fed.client_train[20][:5]:
+        rotated_back = np.rot90(x[i], k=-1, axes=(1, 2))
+        assert any(np.array_equal(rotated_back, o) for o in original)
+    assert max(max(p) for p in fed.client_train[:20]) < len(original)
