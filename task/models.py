@@ -292,7 +292,6 @@ class FairMLP(SplitModel):
     """
 
     branches = ("adversary",)
-    representation_groups = ("fc1", "fc2", "fc3")
 
     def __init__(self, n_in: int, num_classes: int, num_attributes: int = 2, hidden: int = 32,
                  dropout: float = 0.2) -> None:
