@@ -189,7 +189,8 @@ def validate(cfg: DictConfig) -> None:
     for key in ("fair.pretrain_epochs", "fair.postfit_epochs"):
         _nonnegative(cfg, key)
     online_on = bool(cfg.data.online_device.enabled)
-    _nonnegative(cfg, "online.rounds")
+    _require(isinstance(cfg.online.rounds, int) and not isinstance(cfg.online.rounds, bool) and cfg.online.rounds >= 0,
+             "online.rounds", f"got {cfg.online.rounds!r}, expected an integer >= 0")
     _require(cfg.online.rounds == 0 or online_on, "online.rounds",
              "the online phase needs its device: set data.online_device.enabled=true (and count it in data.num_clients)")
     _require(not online_on or cfg.online.rounds > 0, "data.online_device.enabled",

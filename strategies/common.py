@@ -121,11 +121,10 @@ class ClientRuntime:
         if res.accuracy is not None:
             out["accuracy"] = res.accuracy
         if isinstance(self.model, FairMLP):
-            names = ATTRIBUTES
-            out.update(fairness_metrics(self.model, self.test, names))
+            out.update(fairness_metrics(self.model, self.test, ATTRIBUTES))
             if config is not None and config.get("postfit", False):
                 out.update(postfit_adversary_auc(
-                    self.model, self.train, self.test, names, self.optimizer(), int(self.cfg.train.batch_size),
+                    self.model, self.train, self.test, ATTRIBUTES, self.optimizer(), int(self.cfg.train.batch_size),
                     int(self.cfg.fair.postfit_epochs), self.generator(int(config.get("server-round", 0)), salt=0xFA1)))
         return out
 

@@ -26,7 +26,7 @@ from sklearn.metrics import roc_auc_score
 from torch import nn
 from torch.nn import functional as F
 
-from task.engine import OptimizerConfig, TensorData, TrainResult, step_batches
+from task.engine import OptimizerConfig, TensorData, TrainResult, predict_features, step_batches
 
 
 #: The protected attributes, in the order of ``TensorData.z``'s columns and the adversary's outputs.
@@ -90,11 +90,9 @@ def train_fair(
     return TrainResult(float(total) / max(samples, 1), steps, samples)
 
 
-@torch.no_grad()
-def representations(model: nn.Module, x: torch.Tensor, batch_size: int = 4096) -> torch.Tensor:
+def representations(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """The representation ``h`` of every row of ``x`` (eval mode, chunked)."""
-    model.eval()
-    return torch.cat([model.representation(x[i : i + batch_size]) for i in range(0, x.shape[0], batch_size)])
+    return predict_features(model, model.classifier_groups, x)
 
 
 def _auc(labels: np.ndarray, scores: np.ndarray) -> float | None:

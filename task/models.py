@@ -292,6 +292,8 @@ class FairMLP(SplitModel):
     """
 
     branches = ("adversary",)
+    #: The classifier groups (the LG-FedAvg global part); everything before them is ``h``.
+    classifier_groups = ("g1", "g2", "g3")
 
     def __init__(self, n_in: int, num_classes: int, num_attributes: int = 2, hidden: int = 32,
                  dropout: float = 0.2) -> None:
@@ -311,11 +313,11 @@ class FairMLP(SplitModel):
 
     def representation(self, x: Tensor) -> Tensor:
         """The local representation ``h`` (output of ``fc3``)."""
-        return self.features(x, ("g1", "g2", "g3"))
+        return self.features(x, self.classifier_groups)
 
     def classify(self, h: Tensor) -> Tensor:
         """Class logits from the representation."""
-        return self.head_forward(h, ("g1", "g2", "g3"))
+        return self.head_forward(h, self.classifier_groups)
 
 
 def adult_fair(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
