@@ -168,6 +168,10 @@ def validate(cfg: DictConfig) -> None:
     _require(cfg.server_opt.name == "none" or cfg.algorithm == "fedavg", "server_opt.name",
              f"server optimizers apply to algorithm=fedavg; '{cfg.algorithm}' has no server optimizer (use none)")
     _choice(cfg, "fedrep.head_solver", HEAD_SOLVERS)
+    _choice(cfg, "scaffold.weighting", ("uniform", "examples"))
+    _positive(cfg, "scaffold.global_lr")
+    _require(cfg.algorithm != "scaffold" or cfg.model.name != "adult_fair", "algorithm",
+             "the fair model trains with its own adversary step and no gradient correction: use lg_fedavg or fedavg")
     gp = cfg.lg.global_part
     _require(gp in ("paper", "official_cifar") or (OmegaConf.is_list(gp) and len(gp) > 0), "lg.global_part",
              f"got {gp!r}, expected paper, official_cifar or a non-empty list of layer groups")

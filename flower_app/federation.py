@@ -78,6 +78,7 @@ class Federation:
     """The connected nodes and which client (partition id) each one serves."""
 
     node_of: dict[int, int]  # partition id -> node id
+    train_size: dict[int, int] = field(default_factory=dict)  # partition id -> training examples
     pid_of: dict[int, int] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -105,6 +106,7 @@ def connect(grid: Grid, num_clients: int, traffic: Traffic, wait_s: float = NODE
     replies = list(grid.send_and_receive(messages))
     traffic.received(replies, "handshake")
     node_of: dict[int, int] = {}
+    train_size: dict[int, int] = {}
     for rep in replies:
         if rep.has_error():
             raise RuntimeError(f"node {rep.metadata.src_node_id} failed the start-up handshake: {rep.error.reason}")
@@ -112,10 +114,11 @@ def connect(grid: Grid, num_clients: int, traffic: Traffic, wait_s: float = NODE
         if pid in node_of:
             raise ConfigError(f"partition-id {pid} is served by two nodes ({node_of[pid]}, {rep.metadata.src_node_id})")
         node_of[pid] = rep.metadata.src_node_id
+        train_size[pid] = int(rep.content[METRICS]["num-train"])
     missing = sorted(set(range(num_clients)) - set(node_of))
     if missing:
         raise ConfigError(f"data.num_clients: no node serves partition ids {missing[:10]}")
-    return Federation(node_of)
+    return Federation(node_of, train_size)
 
 
 def exchange(grid: Grid, messages: list[Message], traffic: Traffic, fed: Federation, phase: str) -> tuple[list[Message], list[int]]:

@@ -296,6 +296,9 @@ class Experiment:
         log(INFO, "[flrep] %s: %s on %s, %d clients (%d per round), %d rounds -> %s",
             cfg.experiment, cfg.algorithm, cfg.data.name, self.data.num_clients, self.num_sampled, rounds, self.out_dir)
         fed = connect(self.grid, self.data.num_clients, self.traffic)
+        observe = getattr(self.strategy, "observe_population", None)
+        if observe is not None:
+            observe({fed.node_of[p]: fed.train_size[p] for p in self.trainable})
         loop_start = time.monotonic()
         for t in range(1, rounds + 1):
             train_record = self.train_round(t, fed)

@@ -4,7 +4,7 @@ Adding an algorithm: write ``strategies/<name>.py`` defining ``ALGORITHM`` and a
 line below.
 """
 
-from strategies import fedavg, fedper, fedprox, fedrep, lg_fedavg, local_only
+from strategies import fedavg, fedper, fedprox, fedrep, lg_fedavg, local_only, scaffold
 from strategies.base import Algorithm
 
 ALGORITHMS: dict[str, Algorithm] = {
@@ -14,4 +14,5 @@ ALGORITHMS: dict[str, Algorithm] = {
     fedrep.ALGORITHM.name: fedrep.ALGORITHM,
     fedper.ALGORITHM.name: fedper.ALGORITHM,
     lg_fedavg.ALGORITHM.name: lg_fedavg.ALGORITHM,
+    scaffold.ALGORITHM.name: scaffold.ALGORITHM,
 }

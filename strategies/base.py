@@ -45,8 +45,10 @@ class Algorithm:
 
     A strategy may also define these optional hooks, which the ServerApp calls:
     ``has_global_model(round) -> bool`` (whether its arrays are a global model at that
-    round), ``observe_eval(round, record)`` (after each evaluation) and
-    ``observe_failures(node_ids)`` (nodes whose messages failed).
+    round), ``observe_eval(round, record)`` (after each evaluation),
+    ``observe_failures(node_ids)`` (nodes whose messages failed) and
+    ``observe_population(sizes)`` (once after the handshake: node id -> training examples
+    of every training client).
     """
 
     name: str

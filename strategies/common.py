@@ -58,12 +58,14 @@ class ClientRuntime:
         return seeded_generator(self.cfg.seed, server_round, self.partition_id, salt)
 
     def local_training(self, config: ConfigRecord, prox_mu: float = 0.0,
-                       params: list[torch.nn.Parameter] | None = None) -> TrainResult:
+                       params: list[torch.nn.Parameter] | None = None,
+                       grad_correction: list[torch.Tensor] | None = None) -> TrainResult:
         """The configured local epochs (or exact steps) at this round's learning rate,
-        updating only ``params`` when given (default: the whole model)."""
+        updating only ``params`` when given (default: the whole model), with
+        ``grad_correction`` added to every gradient (SCAFFOLD)."""
         t = self.cfg.train
         if isinstance(self.model, FairMLP):
-            if params is not None or prox_mu or t.local_steps is not None:
+            if params is not None or prox_mu or t.local_steps is not None or grad_correction is not None:
                 raise ValueError("fair training (model adult_fair) runs whole local epochs of the whole model")
             return train_fair(self.model, self.train, self.optimizer(lr=config.get("lr")), int(t.batch_size),
                               self.generator(int(config.get("server-round", 0))), int(t.local_epochs),
@@ -80,6 +82,7 @@ class ClientRuntime:
             prox_mu=prox_mu,
             regression=self.regression,
             augment=None if t.augment == "none" else str(t.augment),
+            grad_correction=grad_correction,
         )
 
     def head_keys(self) -> list[str]:

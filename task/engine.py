@@ -159,6 +159,7 @@ def train(
     prox_mu: float = 0.0,
     regression: bool = False,
     augment: str | None = None,
+    grad_correction: Sequence[torch.Tensor] | None = None,
 ) -> TrainResult:
     """Train ``model`` in place with mini-batch SGD.
 
@@ -166,7 +167,8 @@ def train(
     mini-batch steps. Only ``params`` are updated (default: all parameters). With
     ``prox_mu > 0`` the FedProx term (mu/2)·||w − w_start||² over the trained parameters
     is added to the loss. ``augment`` names an on-device augmentation of each batch
-    (``crop_flip``), drawn from ``generator``.
+    (``crop_flip``), drawn from ``generator``. ``grad_correction`` (one tensor per trained
+    parameter) is added to every mini-batch gradient before the step (SCAFFOLD's c − c_i).
     """
     transform = AUGMENTATIONS[augment] if augment else None
     trainable = list(params) if params is not None else list(model.parameters())
@@ -190,6 +192,11 @@ def train(
                 for p, anchor in zip(trainable, anchors):
                     if p.grad is not None:
                         p.grad.add_(p - anchor, alpha=prox_mu)
+        if grad_correction is not None:
+            with torch.no_grad():
+                for p, corr in zip(trainable, grad_correction):
+                    if p.grad is not None:
+                        p.grad.add_(corr)
         opt.step()
         total += loss.detach() * len(idx)
         samples += len(idx)

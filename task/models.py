@@ -226,6 +226,12 @@ def digits_mlp(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
     return _mlp(input_shape, (64,), num_classes)
 
 
+def linear(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
+    """One linear layer on the flattened input (group ``fc1``): least squares on regression
+    data, multinomial logistic regression on classes. A convex problem (SCAFFOLD's bias test)."""
+    return SplitModel(OrderedDict(fc1=nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes))))
+
+
 def resnet18_gn(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
     """ResNet-18 with GroupNorm for 32x32 images (TCT's "ResNet18-GN").
 
@@ -337,6 +343,7 @@ _BUILDERS: dict[str, Callable[[tuple[int, ...], int], SplitModel]] = {
     "simple_cnn": simple_cnn,
     "resnet18_gn": resnet18_gn,
     "digits_mlp": digits_mlp,
+    "linear": linear,
     "linear_rep": linear_rep,
 }
 

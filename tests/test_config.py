@@ -81,10 +81,12 @@ def test_handshake_maps_partitions_to_nodes():
 
         def send_and_receive(self, messages):
             pid = {7: 1, 9: 0}
-            return [Message(reply(None, **{"partition-id": pid[m.metadata.dst_node_id]}), reply_to=m) for m in messages]
+            return [Message(reply(None, **{"partition-id": pid[m.metadata.dst_node_id], "num-train": 5 + pid[m.metadata.dst_node_id]}),
+                            reply_to=m) for m in messages]
 
     fed = connect(Grid(), 2, Traffic(), wait_s=0)
     assert fed.node_of == {0: 9, 1: 7}
+    assert fed.train_size == {0: 5, 1: 6}
 
 
 def test_cli_exits_non_zero_on_config_error(capsys):
