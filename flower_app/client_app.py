@@ -18,6 +18,7 @@ from strategies import ALGORITHMS
 from strategies.common import ClientRuntime, reply, round_config
 from strategies.finetune import finetune
 from strategies.new_clients import adapt_head
+from strategies.tct import compute_entk
 from task.engine import TensorData
 from task.fairness import attribute_matrix
 from task.federated_data import build_federated_data
@@ -132,3 +133,12 @@ def local_part_action(msg: Message, context: Context) -> Message:
     if send is None:
         raise ValueError(f"algorithm {rt.cfg.algorithm!r} has no local part to send")
     return Message(content=send(rt, msg.content), reply_to=msg)
+
+
+@app.query("entk")
+def entk_action(msg: Message, context: Context) -> Message:
+    """TCT's convexify step: compute and keep this client's eNTK features (never sent)."""
+    rt = runtime_for(context, msg.content)
+    if rt.cfg.algorithm != "tct":
+        raise ValueError(f"query.entk belongs to algorithm tct, this run is {rt.cfg.algorithm!r}")
+    return Message(content=compute_entk(rt, msg.content), reply_to=msg)

@@ -168,6 +168,7 @@ def validate(cfg: DictConfig) -> None:
     _require(cfg.server_opt.name == "none" or cfg.algorithm == "fedavg", "server_opt.name",
              f"server optimizers apply to algorithm=fedavg; '{cfg.algorithm}' has no server optimizer (use none)")
     _choice(cfg, "fedrep.head_solver", HEAD_SOLVERS)
+    _validate_tct(cfg)
     _choice(cfg, "scaffold.weighting", ("uniform", "examples"))
     _positive(cfg, "scaffold.global_lr")
     _require(cfg.algorithm != "scaffold" or cfg.model.name != "adult_fair", "algorithm",
@@ -253,6 +254,30 @@ def validate(cfg: DictConfig) -> None:
     )
 
 
+def _validate_tct(cfg: DictConfig) -> None:
+    """The ``tct.*`` keys, and what a TCT run cannot combine with."""
+    from task.entk import METHODS
+    from task.tct import FEATURE_DTYPES
+
+    _choice(cfg, "tct.feature_dtype", FEATURE_DTYPES)
+    _choice(cfg, "tct.entk_method", METHODS)
+    _choice(cfg, "tct.solver", ("scaffold", "fedavg", "gd"))
+    for key in ("tct.features", "tct.entk_batch_size", "tct.local_steps"):
+        _positive(cfg, key, integer=True)
+    _positive(cfg, "tct.lr")
+    for key in ("tct.normalize", "tct.centered_targets"):
+        _require(isinstance(OmegaConf.select(cfg, key), bool), key, f"got {OmegaConf.select(cfg, key)!r}, expected true or false")
+    t1 = cfg.tct.stage1_rounds
+    _require(isinstance(t1, int) and not isinstance(t1, bool) and t1 >= 0, "tct.stage1_rounds",
+             f"got {t1!r}, expected an integer >= 0")
+    if cfg.algorithm != "tct":
+        return
+    _require(isinstance(cfg.rounds, int) and t1 < cfg.rounds, "tct.stage1_rounds",
+             f"{t1} FedAvg rounds leave no stage-2 round of rounds={cfg.rounds}; `rounds` counts both stages")
+    _require(cfg.data.num_new_clients == 0, "data.num_new_clients", "TCT has no new-client protocol; set it to 0")
+    _require(not cfg.data.online_device.enabled, "data.online_device.enabled", "TCT has no online phase")
+
+
 def clients_per_round(cfg: DictConfig) -> int:
     """Number of clients sampled each round: ceil(C · #training clients), at least 1."""
     trainable = cfg.data.num_clients - cfg.data.num_new_clients - int(bool(cfg.data.online_device.enabled))
@@ -288,6 +313,13 @@ def validate_with_data(cfg: DictConfig):
                  f"(got data.name={cfg.data.name!r}, adult_split={cfg.data.adult_split!r})")
         _require(len(cfg.fair.lambdas) == len(attrs), "fair.lambdas",
                  f"{len(cfg.fair.lambdas)} values for the {len(attrs)} protected attributes {list(attrs)}")
+    if cfg.algorithm == "tct":
+        from task.entk import entk_network, parameter_count
+
+        _require(fed.bundle.task != "regression", "algorithm", "TCT regresses one-hot class targets: it needs a classification dataset")
+        size = parameter_count(entk_network(model, int(cfg.seed)))
+        _require(int(cfg.tct.features) <= size, "tct.features",
+                 f"{cfg.tct.features} coordinates of a {size:,}-parameter eNTK network ({cfg.model.name} with one output logit)")
     if cfg.fedrep.head_solver == "exact":
         _require(fed.bundle.task == "regression", "fedrep.head_solver",
                  f"'exact' (least squares) needs a regression dataset, data.name={cfg.data.name!r} is a classification task")

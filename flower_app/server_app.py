@@ -150,23 +150,14 @@ class Experiment:
     def evaluate_round(self, t: int, fed: Federation, pids: list[int] | None = None) -> dict:
         pids = self.trainable if pids is None else pids
         record: dict = {"round": t, "phase": "eval"}
-        if self.algorithm.shared_keys is not None and self.algorithm.global_model and self._has_global_model(t):
-            self.evaluator.load(self.arrays)
-            record["global_accuracy"], record["global_loss"] = self.evaluator.global_metric()
-        if self.evaluator.linear and self.algorithm.shared_keys is not None:
-            record.update(self.evaluator.linear_metrics(self.arrays, tuple(self.trainable), self.algorithm.global_model))
-        if self.algorithm.evaluate is None and not self.fair:
-            accs, losses = self.evaluator.per_client(pids)
-            failed: list[int] = []
+        on_server = getattr(self.strategy, "evaluate_on_server", None)
+        scores = on_server(t, self.arrays, self.data.global_test,
+                           {p: self.data.client_test[p] for p in pids}) if on_server is not None else None
+        if scores is not None:  # the strategy scores its own (non-model) arrays, e.g. TCT's stage 2
+            record["global_accuracy"], record["global_loss"] = scores["global_accuracy"], scores["global_loss"]
+            accs, losses, failed = scores["accuracy"], scores["loss"], []
         else:
-            config = ConfigRecord({"variant": self.cfg.label, "server-round": t, "postfit": self.fair and t == int(self.cfg.rounds)})
-            messages = list(self.strategy.configure_evaluate(t, self.arrays, config,
-                                                             NodeSubset(self.grid, fed.nodes(pids))))
-            replies, failed = exchange(self.grid, messages, self.traffic, fed, "evaluate")
-            self._observe_failures(fed, failed)
-            accs, losses = metric_of(replies, fed, "accuracy"), metric_of(replies, fed, "loss")
-            if self.fair:
-                record.update(fairness_means(replies, fed))
+            accs, losses, failed = self._evaluate_model(t, fed, pids, record)
         spread = client_spread(accs.values()) if accs else {}
         record.update(
             personalized_accuracy=spread.get("mean"),
@@ -177,6 +168,25 @@ class Experiment:
             failed_clients=failed,
         )
         return record
+
+    def _evaluate_model(self, t: int, fed: Federation, pids: list[int], record: dict) -> tuple[dict, dict, list[int]]:
+        """Global metrics of the server's model into ``record``; personalized accuracy and loss
+        per client (on the server, or by the clients when the algorithm evaluates there)."""
+        if self.algorithm.shared_keys is not None and self.algorithm.global_model and self._has_global_model(t):
+            self.evaluator.load(self.arrays)
+            record["global_accuracy"], record["global_loss"] = self.evaluator.global_metric()
+        if self.evaluator.linear and self.algorithm.shared_keys is not None:
+            record.update(self.evaluator.linear_metrics(self.arrays, tuple(self.trainable), self.algorithm.global_model))
+        if self.algorithm.evaluate is None and not self.fair:
+            accs, losses = self.evaluator.per_client(pids)
+            return accs, losses, []
+        config = ConfigRecord({"variant": self.cfg.label, "server-round": t, "postfit": self.fair and t == int(self.cfg.rounds)})
+        messages = list(self.strategy.configure_evaluate(t, self.arrays, config, NodeSubset(self.grid, fed.nodes(pids))))
+        replies, failed = exchange(self.grid, messages, self.traffic, fed, "evaluate")
+        self._observe_failures(fed, failed)
+        if self.fair:
+            record.update(fairness_means(replies, fed))
+        return metric_of(replies, fed, "accuracy"), metric_of(replies, fed, "loss"), failed
 
     def _has_global_model(self, t: int) -> bool:
         """Whether the server's arrays form a global model at round ``t`` (strategy hook)."""
@@ -300,7 +310,12 @@ class Experiment:
         if observe is not None:
             observe({fed.node_of[p]: fed.train_size[p] for p in self.trainable})
         loop_start = time.monotonic()
+        prepare = getattr(self.strategy, "prepare_round", None)
         for t in range(1, rounds + 1):
+            phase_record = prepare(t, self, fed) if prepare is not None else None
+            if phase_record is not None:
+                phase_record.update(self.traffic.as_dict(), elapsed_s=time.monotonic() - self.start)
+                self.recorder.log(phase_record)
             train_record = self.train_round(t, fed)
             elapsed = time.monotonic() - self.start
             train_record.update(self.traffic.as_dict(), elapsed_s=elapsed)
@@ -405,6 +420,8 @@ class Experiment:
                 value = final(key) if not key.startswith("postfit") else evals[-1].get(key)
                 if value is not None:
                     summary[key] = value
+        if hasattr(self.strategy, "summary_extra"):
+            summary.update(self.strategy.summary_extra(self.recorder.records))
         if hasattr(self.strategy, "switch_round"):
             summary["lg_switch_round"] = self.strategy.switch_round
         for record in self.recorder.records:

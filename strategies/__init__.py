@@ -4,7 +4,7 @@ Adding an algorithm: write ``strategies/<name>.py`` defining ``ALGORITHM`` and a
 line below.
 """
 
-from strategies import fedavg, fedper, fedprox, fedrep, lg_fedavg, local_only, scaffold
+from strategies import fedavg, fedper, fedprox, fedrep, lg_fedavg, local_only, scaffold, tct
 from strategies.base import Algorithm
 
 ALGORITHMS: dict[str, Algorithm] = {
@@ -15,4 +15,5 @@ ALGORITHMS: dict[str, Algorithm] = {
     fedper.ALGORITHM.name: fedper.ALGORITHM,
     lg_fedavg.ALGORITHM.name: lg_fedavg.ALGORITHM,
     scaffold.ALGORITHM.name: scaffold.ALGORITHM,
+    tct.ALGORITHM.name: tct.ALGORITHM,
 }

@@ -17,10 +17,15 @@ from flwr.app import ArrayRecord, ConfigRecord
 from strategies.common import ClientRuntime
 
 
-def _file(rt: ClientRuntime, name: str) -> Path:
-    root = rt.cfg.client_state.dir or str(Path(str(rt.cfg.data.cache_dir)).expanduser() / "client-state")
+def state_root(cfg) -> Path:
+    """``client_state.dir``, or ``<data.cache_dir>/client-state``."""
+    return Path(str(cfg.client_state.dir or Path(str(cfg.data.cache_dir)).expanduser() / "client-state")).expanduser()
+
+
+def node_file(rt: ClientRuntime, name: str, suffix: str = ".pt") -> Path:
+    """This run variant's file ``name`` in the node's state directory (one folder per run and node)."""
     safe = rt.state_key(name).replace("/", "__")
-    return Path(root).expanduser() / f"run{rt.run_id}-node{rt.node_id}" / f"{safe}.pt"
+    return state_root(rt.cfg) / f"run{rt.run_id}-node{rt.node_id}" / f"{safe}{suffix}"
 
 
 def keep_arrays(rt: ClientRuntime, name: str, tensors: dict[str, torch.Tensor]) -> None:
@@ -30,7 +35,7 @@ def keep_arrays(rt: ClientRuntime, name: str, tensors: dict[str, torch.Tensor]) 
     if size <= int(rt.cfg.client_state.disk_above_bytes):
         rt.state[key] = ArrayRecord({k: t.detach().cpu() for k, t in tensors.items()})
         return
-    path = _file(rt, name)
+    path = node_file(rt, name)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     torch.save({k: t.detach().cpu() for k, t in tensors.items()}, tmp)

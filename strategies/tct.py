@@ -1,0 +1,325 @@
+"""TCT: train–convexify–train (Yu et al., 2022, Sections 4–5) as one Flower run.
+
+Stage 1 (rounds 1..T1, ``tct.stage1_rounds``): FedAvg with the ``train.*`` settings.
+Convexify (before round T1+1): every training client receives the stage-1 model once
+(``query.entk``), re-initialises its last layer to one output logit (seeded by the run seed,
+the same on every node), computes for each of its samples the gradient of that logit with
+respect to all parameters at ``tct.features`` fixed coordinates (``select_coordinates`` of the
+run seed: the same on every node and for the test set), stores them on the node's disk
+(``tct.feature_dtype``, a memory-mapped ``.npy``; they are never sent) and, with
+``tct.normalize``, replies with the per-feature sums and sums of squares and its count. The
+server turns these into mean and standard deviation and sends them to each client once, with
+its first stage-2 message (the normalisation round's down-link); the server computes the
+global test set's features itself with the same network and coordinates.
+Stage 2 (rounds T1+1..``rounds``): the linear regression min_W Σ_k π_k (1/n_k)‖Z_k W − Y_k‖² on
+standardised features with one-hot targets, W ∈ R^{p×C} starting at 0, solved by
+``tct.solver``: ``scaffold`` (TCT: SCAFFOLD with M = ``tct.local_steps`` full-batch GD steps at
+η = ``tct.lr``, the server half of ``strategies/scaffold.py``), ``fedavg`` (TCT-FedAvg: the
+same local steps, no control variates, example-weighted average) or ``gd`` (TCT-GD: one
+full-batch gradient step per round, averaged by examples: centralised full-batch GD).
+Prediction is argmax Wᵀz; the server scores W on its test features.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterable
+from logging import INFO, WARNING
+from pathlib import Path
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg, Strategy
+from omegaconf import DictConfig
+
+from strategies.base import TAKE_ALL_NODES, Algorithm, all_keys
+from strategies.common import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, ClientRuntime, reply, round_config
+from strategies.fedavg import local_sgd
+from strategies.scaffold import CONTROL, Scaffold, control_update
+from strategies.state_store import keep_arrays, kept_arrays, node_file, state_root
+from task.entk import entk_network, extract_features, parameter_count, select_coordinates
+from task.tct import (FEATURE_DTYPES, FeatureMatrix, LocalLeastSquares, feature_moments, one_hot_targets,
+                      open_feature_file, standardization)
+
+PHASE = "tct-stage"  # round config: "fedavg" (stage 1) or "linear" (stage 2)
+MOMENTS = "moments"  # query.entk reply: per-feature sums and sums of squares
+STANDARDIZATION = "standardization"  # server -> client once: per-feature mean and std
+FEATURES = "tct-features"
+SPECTRUM = "tct-spectrum"
+CLIENT_CONTROL = "tct-ci"
+WEIGHTS = "W"
+GIB = float(1 << 30)
+
+
+def entk_setup(model: torch.nn.Module, cfg: DictConfig) -> tuple[torch.nn.Module, torch.Tensor]:
+    """The eNTK network (last layer re-initialised to one logit) and the p coordinates, both
+    from the run seed: identical on every node and on the server."""
+    net = entk_network(model, seed=int(cfg.seed))
+    return net, select_coordinates(parameter_count(net), int(cfg.tct.features), int(cfg.seed))
+
+
+def feature_bytes(rows: int, cfg: DictConfig) -> int:
+    """Bytes of ``rows`` stored feature rows."""
+    return rows * int(cfg.tct.features) * FEATURE_DTYPES[str(cfg.tct.feature_dtype)].itemsize
+
+
+def require_disk(folder: Path, needed: int, what: str) -> None:
+    """Refuse to start writing ``needed`` bytes where the disk cannot hold them."""
+    folder.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(folder).free
+    if needed > free:
+        raise RuntimeError(f"tct.features: {what} need {needed / GIB:.2f} GiB in {folder}, only {free / GIB:.2f} GiB "
+                           "free; lower tct.features, use tct.feature_dtype=float16 or point client_state.dir elsewhere")
+
+
+def memory_plan(cfg: DictConfig, train_sizes: list[int], test_rows: int) -> str:
+    """The feature memory of a run, stated before any feature is computed."""
+    p = int(cfg.tct.features)
+    largest = max(train_sizes) if train_sizes else 0
+    side = min(largest, p)
+    return (f"TCT features: p={p:,} {cfg.tct.feature_dtype}: {sum(train_sizes):,} client samples = "
+            f"{feature_bytes(sum(train_sizes), cfg) / GIB:.2f} GiB on the nodes' disks (largest client "
+            f"{feature_bytes(largest, cfg) / GIB:.2f} GiB), {test_rows:,} test samples = "
+            f"{feature_bytes(test_rows, cfg) / GIB:.2f} GiB on the server's; stage 2 holds one client's "
+            f"{side:,}x{side:,} Gram eigenvectors ({side * side * 8 / GIB:.2f} GiB) and streams features in "
+            f"256 MiB blocks")
+
+
+class TCT(FedAvg):
+    """FedAvg for T1 rounds, the convexify phase, then the stage-2 solver on W."""
+
+    def __init__(self, cfg: DictConfig) -> None:
+        super().__init__(**TAKE_ALL_NODES)
+        self.cfg = cfg
+        self.stage1_rounds = int(cfg.tct.stage1_rounds)
+        self.stage2: FedAvg = (Scaffold(float(cfg.scaffold.global_lr), str(cfg.scaffold.weighting))
+                               if cfg.tct.solver == "scaffold" else FedAvg(**TAKE_ALL_NODES))
+        self.standardization: ArrayRecord | None = None
+        self.informed: set[int] = set()  # nodes that hold the standardisation
+        self.test: FeatureMatrix | None = None
+        self.test_labels: torch.Tensor | None = None
+        self.warned = False  # the step-size warning is logged once
+
+    def linear_stage(self, server_round: int) -> bool:
+        """Whether ``server_round`` is a stage-2 round."""
+        return server_round > self.stage1_rounds
+
+    def observe_population(self, sizes: dict[int, int]) -> None:
+        if isinstance(self.stage2, Scaffold):
+            self.stage2.observe_population(sizes)
+
+    def observe_failures(self, nodes: Iterable[int]) -> None:
+        """A failed message may not have delivered the standardisation: send it again."""
+        self.informed.difference_update(nodes)
+
+    def prepare_round(self, server_round: int, experiment, fed) -> dict | None:
+        """Before round T1+1: the convexify phase (returns its record)."""
+        if server_round != self.stage1_rounds + 1:
+            return None
+        return self.convexify(server_round, experiment, fed)
+
+    def convexify(self, server_round: int, experiment, fed) -> dict:
+        """eNTK features on every training client, moments -> standardisation, test features on
+        the server; the server's arrays become W = 0."""
+        from flower_app.federation import exchange
+
+        cfg, start = self.cfg, time.monotonic()
+        pids = experiment.trainable
+        evaluator = experiment.evaluator
+        log(INFO, "[flrep] %s", memory_plan(cfg, [fed.train_size[p] for p in pids], len(evaluator.test)))
+        config = ConfigRecord({"variant": cfg.label, "server-round": server_round})
+        messages = [Message(RecordDict({ARRAYS: experiment.arrays, CONFIG: config}), dst_node_id=n,
+                            message_type="query.entk") for n in fed.nodes(pids)]
+        replies, failed = exchange(experiment.grid, messages, experiment.traffic, fed, "entk")
+        if not replies:
+            raise RuntimeError(f"no client computed its eNTK features (failed: {failed})")
+        if cfg.tct.normalize:
+            count = sum(int(r.content[METRICS][NUM_EXAMPLES]) for r in replies)
+            moments = [r.content[MOMENTS].to_torch_state_dict() for r in replies]
+            sums = sum(m["sum"] for m in moments)
+            squares = sum(m["sum_squares"] for m in moments)
+            mean, std = standardization(count, sums, squares)
+            self.standardization = ArrayRecord({"mean": mean, "std": std})
+        evaluator.load(experiment.arrays)
+        net, coords = entk_setup(evaluator.model, cfg)
+        path = state_root(cfg) / f"server-{experiment.name}" / "test-features.npy"
+        require_disk(path.parent, feature_bytes(len(evaluator.test), cfg), "the server's test features")
+        raw = open_feature_file(path, (len(evaluator.test), len(coords)), FEATURE_DTYPES[str(cfg.tct.feature_dtype)])
+        extract_features(net, evaluator.test.x, coords, raw, str(cfg.tct.entk_method), int(cfg.tct.entk_batch_size))
+        scale = self.standardization.to_torch_state_dict() if self.standardization is not None else {}
+        self.test = FeatureMatrix(raw, scale.get("mean"), scale.get("std"), evaluator.test.y.device)
+        self.test_labels = evaluator.test.y
+        num_classes = int(experiment.data.bundle.num_classes)
+        experiment.arrays = ArrayRecord({WEIGHTS: torch.zeros(len(coords), num_classes)})
+        seconds = [float(r.content[METRICS]["entk_seconds"]) for r in replies]
+        record = {"round": server_round - 1, "phase": "convexify", "features": len(coords),
+                  "feature_gib": sum(float(r.content[METRICS]["feature_bytes"]) for r in replies) / GIB,
+                  "entk_client_seconds_max": max(seconds), "entk_samples_per_s": sum(
+                      float(r.content[METRICS][NUM_EXAMPLES]) for r in replies) / max(sum(seconds), 1e-9),
+                  "convexify_seconds": time.monotonic() - start, "clients": pids, "failed_clients": failed}
+        log(INFO, "[flrep] convexified: %d clients' eNTK features (p=%d, %.1f samples/s per client), "
+            "normalisation %s, %.1fs", len(replies), len(coords), record["entk_samples_per_s"],
+            "on" if cfg.tct.normalize else "off", record["convexify_seconds"])
+        return record
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        if not self.linear_stage(server_round):
+            config[PHASE] = "fedavg"
+            return super().configure_train(server_round, arrays, config, grid)
+        config[PHASE] = "linear"
+        messages = []
+        for msg in self.stage2.configure_train(server_round, arrays, config, grid):
+            node = msg.metadata.dst_node_id
+            if self.standardization is not None and node not in self.informed:
+                content = RecordDict(dict(msg.content.items()))
+                content[STANDARDIZATION] = self.standardization
+                msg = Message(content, dst_node_id=node, message_type=MessageType.TRAIN)
+                self.informed.add(node)
+            messages.append(msg)
+        return messages
+
+    def aggregate_train(self, server_round: int,
+                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        if not self.linear_stage(server_round):
+            return super().aggregate_train(server_round, replies)
+        replies = list(replies)
+        arrays, metrics = self.stage2.aggregate_train(server_round, replies)
+        stable = [float(m.content[METRICS]["max_stable_lr"]) for m in replies
+                  if not m.has_error() and "max_stable_lr" in m.content[METRICS]]
+        if metrics is not None and stable:
+            metrics["min_stable_lr"] = min(stable)
+            if float(self.cfg.tct.lr) >= min(stable) and not self.warned:
+                log(WARNING, "[flrep] tct.lr=%g is at or above 2/lambda_max=%.3g of a client's problem: stage-2 "
+                    "gradient descent diverges there; lower tct.lr", float(self.cfg.tct.lr), min(stable))
+                self.warned = True
+        return arrays, metrics
+
+    def evaluate_on_server(self, server_round: int, arrays: ArrayRecord, global_idx: np.ndarray,
+                           client_idx: dict[int, np.ndarray]) -> dict | None:
+        """Stage 2: accuracy and loss of argmax Wᵀz on the server's test features (global test
+        set and each client's local test split); None in stage 1 (the model is evaluated)."""
+        if not self.linear_stage(server_round) or self.test is None:
+            return None
+        out = self.test.matmul(arrays.to_torch_state_dict()[WEIGHTS])
+        labels = self.test_labels.to(out.device)
+        targets = one_hot_targets(labels, out.shape[1], bool(self.cfg.tct.centered_targets))
+
+        def score(idx: np.ndarray) -> tuple[float, float]:
+            rows = torch.as_tensor(idx, device=out.device, dtype=torch.long)
+            acc = float((out[rows].argmax(1) == labels[rows]).float().mean())
+            return acc, float(((out[rows] - targets[rows]) ** 2).sum(1).mean())
+
+        accuracy, loss = score(global_idx)
+        per_client = {pid: score(idx) for pid, idx in client_idx.items() if len(idx)}
+        return {"global_accuracy": accuracy, "global_loss": loss,
+                "accuracy": {p: v[0] for p, v in per_client.items()}, "loss": {p: v[1] for p, v in per_client.items()}}
+
+    def summary_extra(self, records: list[dict]) -> dict:
+        """The stage-1 model's global accuracy (last evaluation of stage 1) and the convexify record."""
+        out: dict = {"tct_stage1_rounds": self.stage1_rounds, "tct_solver": str(self.cfg.tct.solver)}
+        stage1 = [r for r in records if r["phase"] == "eval" and r["round"] <= self.stage1_rounds]
+        if stage1:
+            out["tct_stage1_global_accuracy"] = stage1[-1].get("global_accuracy")
+        for r in records:
+            if r["phase"] == "convexify":
+                out.update({f"tct_{k}": r[k] for k in ("features", "feature_gib", "entk_samples_per_s", "convexify_seconds")})
+        return out
+
+
+def make_strategy(cfg: DictConfig) -> Strategy:
+    """The TCT server half."""
+    return TCT(cfg)
+
+
+def compute_entk(rt: ClientRuntime, content: RecordDict) -> RecordDict:
+    """``query.entk``: this client's eNTK features of the received model, kept on the node's
+    disk; the reply carries only their count and (with normalisation) their moments."""
+    rt.load(content[ARRAYS])
+    cfg = rt.cfg
+    net, coords = entk_setup(rt.model, cfg)
+    dtype = FEATURE_DTYPES[str(cfg.tct.feature_dtype)]
+    path = node_file(rt, FEATURES, ".npy")
+    require_disk(path.parent, feature_bytes(len(rt.train), cfg), f"client {rt.partition_id}'s features")
+    node_file(rt, SPECTRUM).unlink(missing_ok=True)  # a spectrum belongs to the features it was computed from
+    start = time.monotonic()
+    raw = open_feature_file(path, (len(rt.train), len(coords)), dtype)
+    extract_features(net, rt.train.x, coords, raw, str(cfg.tct.entk_method), int(cfg.tct.entk_batch_size))
+    seconds = time.monotonic() - start
+    rt.state[rt.state_key(FEATURES)] = ConfigRecord({"path": str(path), "dtype": str(cfg.tct.feature_dtype)})
+    out = reply(None, entk_seconds=seconds, feature_bytes=feature_bytes(len(rt.train), cfg),
+                **{NUM_EXAMPLES: len(rt.train)})
+    if cfg.tct.normalize:
+        _, sums, squares = feature_moments(raw)
+        out[MOMENTS] = ArrayRecord({"sum": sums, "sum_squares": squares})
+    return out
+
+
+def local_problem(rt: ClientRuntime, content: RecordDict, num_classes: int) -> LocalLeastSquares:
+    """This client's stage-2 least-squares problem on its kept (standardised) features; the
+    Gram spectrum is computed once and kept next to the features."""
+    key = rt.state_key(FEATURES)
+    if key not in rt.state:
+        raise RuntimeError(f"client {rt.partition_id} holds no eNTK features (its query.entk failed or never arrived)")
+    meta = rt.state[key]
+    raw = open_feature_file(Path(str(meta["path"])), dtype=FEATURE_DTYPES[str(meta["dtype"])])
+    if STANDARDIZATION in content:
+        keep_arrays(rt, STANDARDIZATION, content[STANDARDIZATION].to_torch_state_dict())
+    mean = std = None
+    if rt.cfg.tct.normalize:
+        kept = kept_arrays(rt, STANDARDIZATION)
+        if kept is None:
+            raise RuntimeError(f"client {rt.partition_id} never received the feature standardisation")
+        mean, std = kept["mean"], kept["std"]
+    features = FeatureMatrix(raw, mean, std, rt.device)
+    spectrum_path = node_file(rt, SPECTRUM)
+    if spectrum_path.exists():
+        kept_spectrum = torch.load(spectrum_path, weights_only=True)
+        spectrum = (kept_spectrum["values"], kept_spectrum["vectors"])
+    else:
+        spectrum = LocalLeastSquares.spectrum(features)
+        torch.save({"values": spectrum[0].cpu(), "vectors": spectrum[1].cpu()}, spectrum_path)
+    targets = one_hot_targets(rt.train.y, num_classes, bool(rt.cfg.tct.centered_targets))
+    return LocalLeastSquares(features, targets, spectrum)
+
+
+def linear_round(rt: ClientRuntime, content: RecordDict) -> RecordDict:
+    """Stage 2: local full-batch GD on the linear regression from the received W (with
+    SCAFFOLD's correction for ``tct.solver=scaffold``)."""
+    tct = rt.cfg.tct
+    w0 = content[ARRAYS].to_torch_state_dict()[WEIGHTS]
+    problem = local_problem(rt, content, w0.shape[1])
+    steps, lr = (1 if tct.solver == "gd" else int(tct.local_steps)), float(tct.lr)
+    loss, accuracy = problem.loss_and_accuracy(w0)
+    metrics = {"train_loss": loss, "train_accuracy": accuracy, "local_steps": steps,
+               "max_stable_lr": min(problem.max_stable_lr(), 1e30), NUM_EXAMPLES: problem.n}
+    if tct.solver != "scaffold":
+        return reply(ArrayRecord({WEIGHTS: problem.gradient_descent(w0, steps, lr).cpu()}), **metrics)
+    c = content[CONTROL].to_torch_state_dict() if CONTROL in content else {}
+    c_i = kept_arrays(rt, CLIENT_CONTROL) or {}
+    zero = torch.zeros_like(w0)
+    w = problem.gradient_descent(w0, steps, lr, c.get(WEIGHTS, zero) - c_i.get(WEIGHTS, zero)).cpu()
+    new_c_i = control_update(c_i, c, {WEIGHTS: w0}, {WEIGHTS: w}, steps, lr)
+    keep_arrays(rt, CLIENT_CONTROL, new_c_i)
+    out = reply(ArrayRecord({WEIGHTS: w - w0}), **metrics)
+    out[CONTROL] = ArrayRecord({WEIGHTS: new_c_i[WEIGHTS] - c_i.get(WEIGHTS, zero)})
+    return out
+
+
+def tct_train(rt: ClientRuntime, content: RecordDict) -> RecordDict:
+    """Stage 1: FedAvg's local SGD; stage 2: the linear round."""
+    if round_config(content).get(PHASE, "fedavg") == "fedavg":
+        return local_sgd(rt, content)
+    return linear_round(rt, content)
+
+
+ALGORITHM = Algorithm(
+    name="tct",
+    make_strategy=make_strategy,
+    train=tct_train,
+    shared_keys=all_keys,
+)

@@ -1,0 +1,395 @@
+"""Empirical-NTK features for TCT (train-convexify-train, Yu et al. 2022).
+
+Input x is represented by the gradient of a single output logit with respect to every
+parameter of the network (flattened and concatenated in ``model.parameters()`` order), of
+which only ``p`` fixed random coordinates are kept. :func:`entk_network` gives the network
+with a fresh one-output head, :func:`select_coordinates` the coordinates, and
+:func:`entk_features` / :func:`extract_features` the features.
+
+Three interchangeable methods compute them:
+
+* ``loop``: one sample at a time, the full gradient, then the coordinates (the reference).
+* ``vmap``: ``torch.func.vmap(grad(...))`` over the batch (full per-sample gradients).
+* ``hooks``: one batched forward and one backward; forward hooks record each parameterised
+  module's input and the gradient edge of its output, and only the selected coordinates
+  are formed from (input, grad_output) pairs. Supports ``nn.Linear``, ``nn.Conv2d``
+  (groups=1) and ``nn.GroupNorm``; the backward stops at the recorded outputs, so no weight
+  gradient is ever computed and no ``.grad`` is touched.
+
+Per-sample gradients are independent only in eval mode (BatchNorm statistics and dropout
+would mix or randomise them), and every module must see the sample index as dim 0.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.autograd.graph import GradientEdge, get_gradient_edge
+from torch.func import functional_call, grad, vmap
+from torch.nn import functional as F
+
+from task.errors import ConfigError
+
+METHODS: tuple[str, ...] = ("hooks", "loop", "vmap")
+
+#: Elements of one block of products or gathered pairs in the hooks method (64 MiB of float32).
+_GATHER_ELEMENTS = 1 << 24
+#: Cost model of the hooks method, in units of one gathered (row, col) pair element: a
+#: multiply-add inside ``bmm`` costs 1/_BLAS_GAIN, writing and gathering a dense entry
+#: _DENSE_ENTRY (measured on CPU; only the choice of algorithm depends on them).
+_BLAS_GAIN = 150.0
+_DENSE_ENTRY = 0.4
+#: Elements of the per-sample gradients held at once by the vmap method (256 MiB of float32).
+_VMAP_ELEMENTS = 1 << 26
+
+_TRAIN_SENSITIVE = (nn.modules.batchnorm._BatchNorm, nn.modules.dropout._DropoutNd)
+
+
+def entk_network(model: nn.Module, seed: int) -> nn.Module:
+    """A deep copy of ``model`` whose last ``nn.Linear`` has one output, seeded; in eval mode.
+
+    The new layer keeps ``in_features``, bias presence, device and dtype, and gets PyTorch's
+    default initialisation drawn from an explicit generator seeded with ``seed`` (the global
+    RNG is not used).
+    """
+    net = copy.deepcopy(model)
+    linears = [name for name, m in net.named_modules() if isinstance(m, nn.Linear)]
+    if not linears:
+        raise ValueError(f"entk_network: {type(model).__name__} has no nn.Linear to re-initialise")
+    old = net.get_submodule(linears[-1])
+    head = _seeded_linear(old.in_features, old.bias is not None, seed)
+    net.set_submodule(linears[-1], head.to(device=old.weight.device, dtype=old.weight.dtype))
+    return net.eval()
+
+
+def _seeded_linear(in_features: int, bias: bool, seed: int) -> nn.Linear:
+    """``nn.Linear(in_features, 1)`` with ``reset_parameters``' init drawn from ``seed``."""
+    gen = torch.Generator().manual_seed(seed)
+    layer = nn.utils.skip_init(nn.Linear, in_features, 1, bias=bias)
+    nn.init.kaiming_uniform_(layer.weight, a=math.sqrt(5), generator=gen)
+    if layer.bias is not None:
+        bound = 1 / math.sqrt(in_features) if in_features > 0 else 0.0
+        nn.init.uniform_(layer.bias, -bound, bound, generator=gen)
+    return layer
+
+
+def parameter_count(model: nn.Module) -> int:
+    """Number of scalar parameters (shared parameters counted once)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def select_coordinates(num_params: int, p: int, seed: int) -> Tensor:
+    """``p`` distinct sorted int64 coordinates in ``[0, num_params)``, a function of ``seed``."""
+    if not 1 <= p <= num_params:
+        raise ConfigError(
+            f"tct.features: the number of eNTK coordinates must be in [1, {num_params}] "
+            f"(the network's parameter count), got {p}"
+        )
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randperm(num_params, generator=gen)[:p].sort().values
+
+
+def entk_features(model: nn.Module, x: Tensor, coords: Tensor, method: str = "hooks") -> Tensor:
+    """(N, p) float32 on x's device: d model(x[n:n+1])[0, 0] / d theta at ``coords``, per row n."""
+    compute = _method(method)
+    _check_eval(model)
+    coords = _check_coords(coords, parameter_count(model))
+    if len(x) == 0:
+        return torch.zeros(0, len(coords), device=x.device)
+    with torch.enable_grad(), _all_requiring_grad(model):
+        return compute(model, x, coords).float()
+
+
+def extract_features(
+    model: nn.Module,
+    x: Tensor,
+    coords: Tensor,
+    out: Tensor,
+    method: str = "hooks",
+    batch_size: int = 256,
+) -> None:
+    """Fill ``out`` (N, p) with the features of ``x``, ``batch_size`` samples at a time.
+
+    Each batch of ``x`` is moved to the model's device, and its float32 features are cast
+    to ``out.dtype`` and copied into ``out`` (on any device; a memmap view works).
+    """
+    _method(method)
+    if batch_size < 1:
+        raise ValueError(f"extract_features: batch_size must be >= 1, got {batch_size}")
+    if tuple(out.shape) != (len(x), len(coords)):
+        raise ValueError(
+            f"extract_features: out has shape {tuple(out.shape)}, expected {(len(x), len(coords))}"
+        )
+    device = next(model.parameters()).device
+    for start in range(0, len(x), batch_size):
+        batch = x[start : start + batch_size].to(device)
+        out[start : start + len(batch)].copy_(entk_features(model, batch, coords, method))
+
+
+def _method(method: str) -> Callable[[nn.Module, Tensor, Tensor], Tensor]:
+    if method not in _COMPUTE:
+        raise ConfigError(f"tct.entk_method: unknown method {method!r}; allowed: {list(METHODS)}")
+    return _COMPUTE[method]
+
+
+def _check_eval(model: nn.Module) -> None:
+    """Raise ValueError if a BatchNorm or Dropout module is in training mode."""
+    for name, m in model.named_modules():
+        if m.training and isinstance(m, _TRAIN_SENSITIVE):
+            raise ValueError(
+                f"entk_features: module {name!r} ({type(m).__name__}) is in training mode, so "
+                "per-sample gradients are not independent; call model.eval() first"
+            )
+
+
+def _check_coords(coords: Tensor, num_params: int) -> Tensor:
+    """``coords`` as a 1-D int64 CPU tensor inside ``[0, num_params)``."""
+    if coords.ndim != 1 or coords.dtype.is_floating_point or coords.dtype.is_complex:
+        raise ValueError(f"coords must be a 1-D integer tensor, got {coords.dtype} {tuple(coords.shape)}")
+    coords = coords.to("cpu", torch.int64)
+    if len(coords) and (int(coords.min()) < 0 or int(coords.max()) >= num_params):
+        raise ValueError(f"coords must lie in [0, {num_params}) (the model's parameter count)")
+    return coords
+
+
+@contextmanager
+def _all_requiring_grad(model: nn.Module) -> Iterator[None]:
+    """Temporarily let every parameter require grad (frozen ones still have eNTK coordinates)."""
+    frozen = [p for p in model.parameters() if not p.requires_grad]
+    for p in frozen:
+        p.requires_grad_(True)
+    try:
+        yield
+    finally:
+        for p in frozen:
+            p.requires_grad_(False)
+
+
+def _first_logit(output: Tensor) -> Tensor:
+    """Column 0 of the (N, K) model output."""
+    if output.ndim != 2:
+        raise ValueError(f"entk_features: the model must output (N, K) logits, got {tuple(output.shape)}")
+    return output[:, 0]
+
+
+@dataclass(frozen=True)
+class _Selection:
+    """The selected coordinates of one parameter."""
+
+    positions: Tensor  # columns of the feature matrix
+    local: Tensor  # flat indices inside the parameter
+
+
+def _selections(model: nn.Module, coords: Tensor, device: torch.device) -> dict[int, _Selection]:
+    """Map ``id(parameter)`` to its selected coordinates, for parameters holding any."""
+    params = list(model.parameters())
+    sizes = torch.tensor([p.numel() for p in params], dtype=torch.int64)
+    ends = sizes.cumsum(0)
+    owner = torch.searchsorted(ends, coords, right=True)
+    selections = {}
+    for k in owner.unique().tolist():
+        positions = (owner == k).nonzero().squeeze(1)
+        local = coords[positions] - (ends[k] - sizes[k])
+        selections[id(params[k])] = _Selection(positions.to(device), local.to(device))
+    return selections
+
+
+def _loop_features(model: nn.Module, x: Tensor, coords: Tensor) -> Tensor:
+    """The reference: per sample, the full gradient concatenated, then indexed."""
+    params = list(model.parameters())
+    coords = coords.to(x.device)
+    rows = []
+    for n in range(len(x)):
+        logit = _first_logit(model(x[n : n + 1]))[0]
+        grads = torch.autograd.grad(logit, params, allow_unused=True)
+        flat = torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1) for g, p in zip(grads, params)])
+        rows.append(flat[coords].float())
+    return torch.stack(rows)
+
+
+def _vmap_features(model: nn.Module, x: Tensor, coords: Tensor) -> Tensor:
+    """``vmap(grad(...))`` over chunks of the batch, differentiating the selected parameters."""
+    selections = _selections(model, coords, x.device)
+    named = dict(model.named_parameters())
+    params = {name: p.detach() for name, p in named.items() if id(p) in selections}
+    fixed = {name: p.detach() for name, p in named.items() if name not in params}
+
+    def logit(theta: dict[str, Tensor], sample: Tensor) -> Tensor:
+        return _first_logit(functional_call(model, {**fixed, **theta}, (sample.unsqueeze(0),)))[0]
+
+    per_sample = vmap(grad(logit), in_dims=(None, 0))
+    feats = torch.zeros(len(x), len(coords), device=x.device)
+    chunk = max(1, _VMAP_ELEMENTS // sum(p.numel() for p in params.values()))
+    for start in range(0, len(x), chunk):
+        grads = per_sample(params, x[start : start + chunk])
+        rows = slice(start, start + chunk)
+        for name, g in grads.items():
+            s = selections[id(named[name])]
+            feats[rows, s.positions] = g.flatten(1)[:, s.local].float()
+    return feats
+
+
+def _hooks_features(model: nn.Module, x: Tensor, coords: Tensor) -> Tensor:
+    """One forward, one backward to the parameterised modules' outputs, selected pairs only."""
+    selections = _selections(model, coords, x.device)
+    modules = _hooked_modules(model, selections)
+    records: list[tuple[nn.Module, Tensor, GradientEdge]] = []
+
+    def record(module: nn.Module, inputs: tuple[Tensor, ...], output: Tensor) -> None:
+        if output.requires_grad:
+            records.append((module, inputs[0].detach(), get_gradient_edge(output)))
+
+    handles = [m.register_forward_hook(record) for m in modules]
+    try:
+        logits = _first_logit(model(x))
+    finally:
+        for handle in handles:
+            handle.remove()
+    grad_outputs = torch.autograd.grad(logits.sum(), [edge for *_, edge in records], allow_unused=True)
+    feats = torch.zeros(len(coords), len(x), device=x.device)  # coordinate-major
+    for (module, inp, _), g in zip(records, grad_outputs):
+        if g is not None:
+            _accumulate(feats, module, inp, g, selections)
+    return feats.t()
+
+
+def _hooked_modules(model: nn.Module, selections: dict[int, _Selection]) -> list[nn.Module]:
+    """Modules owning selected parameters; ValueError for a type the hooks cannot handle."""
+    modules = []
+    for name, m in model.named_modules():
+        if not any(id(p) in selections for p in m.parameters(recurse=False)):
+            continue
+        if not isinstance(m, tuple(_HANDLERS)) or getattr(m, "groups", 1) != 1:
+            raise ValueError(
+                f"entk_features: method 'hooks' cannot handle module {name!r} ({type(m).__name__}), "
+                "which owns selected coordinates; it supports Linear, Conv2d (groups=1) and "
+                "GroupNorm. Use method='loop' (or 'vmap') instead"
+            )
+        modules.append(m)
+    return modules
+
+
+def _accumulate(
+    feats: Tensor, module: nn.Module, inp: Tensor, g: Tensor, selections: dict[int, _Selection]
+) -> None:
+    """Add one call's (k, N) contributions of ``module``'s selected coordinates to ``feats``."""
+    chosen = {
+        name: selections[id(p)]
+        for name, p in module.named_parameters(recurse=False)
+        if id(p) in selections
+    }
+    handler = next(h for cls, h in _HANDLERS.items() if isinstance(module, cls))
+    local = {name: s.local for name, s in chosen.items()}
+    for name, contribution in handler(module, inp, g, local).items():
+        feats.index_add_(0, chosen[name].positions, contribution.to(feats.dtype))
+
+
+def _products(g: Tensor, rows: Tensor, a: Tensor, cols: Tensor) -> Tensor:
+    """(k, N): sum over the last dim of ``g[:, rows] * a[:, cols]``; g (N, O, L), a (N, K, L).
+
+    These are entries (rows, cols) of the per-sample matrices ``g[n] @ a[n].T``: formed either
+    densely with batched matmuls (fast, but every entry) or by gathering the selected pairs
+    only, whichever the estimated cost favours.
+    """
+    dense_cost = g.shape[1] * a.shape[1] * (g.shape[2] / _BLAS_GAIN + _DENSE_ENTRY)
+    if dense_cost < len(rows) * g.shape[2]:
+        return _dense_products(g, rows, a, cols)
+    return _pair_products(g, rows, a, cols)
+
+
+def _dense_products(g: Tensor, rows: Tensor, a: Tensor, cols: Tensor) -> Tensor:
+    """:func:`_products` via ``bmm`` over blocks of rows, then a gather of the selected entries."""
+    n, num_rows, _ = g.shape
+    width = a.shape[1]
+    block = max(1, _GATHER_ELEMENTS // (n * width))
+    order = torch.argsort(rows)
+    starts = torch.arange(0, num_rows + block, block, device=rows.device)
+    edges = torch.searchsorted(rows[order], starts).tolist()
+    a_t = a.transpose(1, 2)
+    out = torch.empty(len(rows), n, dtype=g.dtype, device=g.device)
+    for lo, hi, first in zip(edges, edges[1:], range(0, num_rows, block)):
+        if lo < hi:
+            idx = order[lo:hi]
+            block_products = torch.bmm(g[:, first : first + block], a_t).flatten(1)
+            out[idx] = block_products[:, (rows[idx] - first) * width + cols[idx]].t()
+    return out
+
+
+def _pair_products(g: Tensor, rows: Tensor, a: Tensor, cols: Tensor) -> Tensor:
+    """:func:`_products` by gathering the selected (row, col) pairs, chunked over pairs."""
+    g = g.transpose(0, 1).contiguous()  # (O, N, L): whole rows gather contiguously
+    a = a.transpose(0, 1).contiguous()
+    chunk = max(1, _GATHER_ELEMENTS // (g.shape[1] * g.shape[2]))
+    parts = [
+        torch.einsum("knl,knl->kn", g.index_select(0, rows[s : s + chunk]), a.index_select(0, cols[s : s + chunk]))
+        for s in range(0, len(rows), chunk)
+    ]
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _linear_grads(m: nn.Linear, inp: Tensor, g: Tensor, local: dict[str, Tensor]) -> dict[str, Tensor]:
+    """weight (i, j): sum of grad_out[..., i] * input[..., j]; bias i: sum of grad_out[..., i]."""
+    n = g.shape[0]
+    g = g.reshape(n, -1, m.out_features).transpose(1, 2)
+    out = {}
+    if "weight" in local:
+        a = inp.reshape(n, -1, m.in_features).transpose(1, 2)
+        w = local["weight"]
+        out["weight"] = _products(g, w // m.in_features, a, w % m.in_features)
+    if "bias" in local:
+        out["bias"] = g.sum(-1).t()[local["bias"]]
+    return out
+
+
+def _conv_patches(m: nn.Conv2d, inp: Tensor) -> Tensor:
+    """The input patches the convolution multiplies, (N, C*kh*kw, L)."""
+    padding = m.padding
+    if m.padding_mode != "zeros" or isinstance(padding, str):
+        mode = "constant" if m.padding_mode == "zeros" else m.padding_mode
+        inp = F.pad(inp, m._reversed_padding_repeated_twice, mode=mode)
+        padding = 0
+    return F.unfold(inp, m.kernel_size, dilation=m.dilation, padding=padding, stride=m.stride)
+
+
+def _conv2d_grads(m: nn.Conv2d, inp: Tensor, g: Tensor, local: dict[str, Tensor]) -> dict[str, Tensor]:
+    """weight (o, c, kh, kw): sum over positions of grad_out[o] * patch[c, kh, kw]; bias o."""
+    g = g.flatten(2)
+    out = {}
+    if "weight" in local:
+        w = local["weight"]
+        patch = m.weight[0].numel()
+        out["weight"] = _products(g, w // patch, _conv_patches(m, inp), w % patch)
+    if "bias" in local:
+        out["bias"] = g.sum(-1).t()[local["bias"]]
+    return out
+
+
+def _group_norm_grads(m: nn.GroupNorm, inp: Tensor, g: Tensor, local: dict[str, Tensor]) -> dict[str, Tensor]:
+    """weight c: sum of grad_out[c] * normalised input[c]; bias c: sum of grad_out[c]."""
+    n, c = g.shape[:2]
+    out = {}
+    if "weight" in local:
+        normalised = F.group_norm(inp, m.num_groups, eps=m.eps)
+        out["weight"] = (g * normalised).reshape(n, c, -1).sum(-1).t()[local["weight"]]
+    if "bias" in local:
+        out["bias"] = g.reshape(n, c, -1).sum(-1).t()[local["bias"]]
+    return out
+
+
+_HANDLERS: dict[type, Callable[..., dict[str, Tensor]]] = {
+    nn.Linear: _linear_grads,
+    nn.Conv2d: _conv2d_grads,
+    nn.GroupNorm: _group_norm_grads,
+}
+
+_COMPUTE: dict[str, Callable[[nn.Module, Tensor, Tensor], Tensor]] = {
+    "hooks": _hooks_features,
+    "loop": _loop_features,
+    "vmap": _vmap_features,
+}
