@@ -1,4 +1,4 @@
-"""The ``flrep`` command: blocking runs, experiment listing, the LG-FedAvg synthetic analysis and the engine benchmark."""
+"""The ``flrep`` command: blocking runs, experiment listing, the LG-FedAvg synthetic analysis and the engine and TCT benchmarks."""
 
 from __future__ import annotations
 
@@ -88,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     syn.add_argument("--seed", type=int, default=0)
     syn.set_defaults(func=_cmd_lg_synthetic)
     sub.add_parser("bench", help="local-training throughput: engine vs DataLoader (flrep bench --help)")
+    sub.add_parser("bench-tct", help="TCT: eNTK extraction throughput and stage-2 round time (flrep bench-tct --help)")
     return parser
 
 
@@ -97,6 +98,10 @@ def main(argv: list[str] | None = None) -> int:
         from task.benchmark import main as bench_main
 
         return bench_main(argv[1:])
+    if argv[:1] == ["bench-tct"]:
+        from task.entk_benchmark import main as tct_bench_main
+
+        return tct_bench_main(argv[1:])
     args = build_parser().parse_args(argv)
     return args.func(args)
 

@@ -1,9 +1,14 @@
-"""eNTK feature extraction throughput: the hooks, vmap and per-sample loop methods.
+"""TCT benchmark: eNTK feature extraction throughput (hooks, vmap, per-sample loop) and the
+stage-2 round time (closed-form local GD vs explicit GD steps).
 
 Builds ``--model`` (random init, one-output head from :func:`task.entk.entk_network`),
 selects ``--p`` coordinates and times :func:`task.entk.extract_features` with each method on
-the same samples (Fashion-MNIST images from ``--data``, else standard-normal inputs).
-Usage: ``python -m task.entk_benchmark [--model simple_cnn] [--device cpu] [--out FILE.json]``.
+the same samples (Fashion-MNIST images from ``--data``, else standard-normal inputs). Then,
+on one client's problem of ``--stage2-n`` random float16 feature rows of the same p with
+``--stage2-steps`` local steps: the one-time Gram spectrum, a closed-form SCAFFOLD round
+(:class:`task.tct.LocalLeastSquares`), and explicit full-batch GD steps (the official code's
+loop: two matrix products per step), timed for ``--loop-steps`` steps and scaled to M.
+Usage: ``flrep bench-tct [--model simple_cnn] [--device cpu] [--out FILE.json]``.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from task.datasets.idx import read_idx
 from task.entk import METHODS, entk_network, extract_features, parameter_count, select_coordinates
 from task.errors import ConfigError
 from task.models import build_model
+from task.tct import FeatureMatrix, LocalLeastSquares, feature_moments, one_hot_targets, standardization
 
 #: Benchmarked models: input shape and number of classes of the trained network.
 MODELS: dict[str, tuple[tuple[int, int, int], int]] = {
@@ -125,6 +131,48 @@ def measure(model: nn.Module, x: Tensor, coords: Tensor, methods: list[str], bat
     return results
 
 
+def measure_stage2(n: int, p: int, classes: int, steps: int, loop_steps: int, device: torch.device) -> dict:
+    """Seconds of one client's stage-2 work: the Gram spectrum (once per run), one closed-form
+    round of ``steps`` corrected GD steps, and explicit GD steps (scaled to ``steps``)."""
+    gen = torch.Generator().manual_seed(0)
+    raw = torch.randn(n, p, generator=gen).half()
+    mean, std = standardization(*feature_moments(raw))
+    features = FeatureMatrix(raw, mean, std, device)
+    targets = one_hot_targets(torch.randint(0, classes, (n,), generator=gen), classes, False)
+    _sync(device)
+    start = time.perf_counter()
+    spectrum = LocalLeastSquares.spectrum(features)
+    _sync(device)
+    spectrum_s = time.perf_counter() - start
+    problem = LocalLeastSquares(features, targets, spectrum)
+    lr = 0.5 * problem.max_stable_lr()
+    w0 = torch.zeros(p, classes)
+    correction = 1e-3 * torch.randn(p, classes, generator=gen)
+    rounds = []
+    for _ in range(3):
+        _sync(device)
+        start = time.perf_counter()
+        closed = problem.gradient_descent(w0, steps, lr, correction)
+        _sync(device)
+        rounds.append(time.perf_counter() - start)
+    z = torch.cat([block for _, block in features.blocks()])  # the explicit loop holds Z as float32
+    y, d, w = targets.to(device), correction.to(device), w0.to(device)
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(loop_steps):
+        w = w - lr * (z.T @ (z @ w - y) / n + d)
+    _sync(device)
+    loop_s = time.perf_counter() - start
+    check = problem.gradient_descent(w0, loop_steps, lr, correction).to(device)
+    return {"n": n, "p": p, "classes": classes, "local_steps": steps, "spectrum_s": spectrum_s,
+            "closed_form_round_s": statistics.median(rounds),
+            "explicit_steps_timed": loop_steps, "explicit_step_s": loop_s / loop_steps,
+            "explicit_round_s": loop_s / loop_steps * steps,
+            "explicit_round_is_scaled": loop_steps != steps,
+            "max_rel_diff_closed_vs_explicit": float((check - w).abs().max() / w.abs().max().clamp_min(1e-30)),
+            "closed_form_norm": float(closed.norm())}
+
+
 def _print_table(results: dict[str, dict]) -> None:
     print(f"{'method':<8} {'samples/s':>11} {'speedup':>9} {'max|diff| vs loop':>18}")
     for method, row in results.items():
@@ -148,14 +196,19 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of "
                         + ",".join(METHODS))
     parser.add_argument("--data", help="Fashion-MNIST directory with train-images-idx3-ubyte[.gz]")
+    parser.add_argument("--stage2-n", type=int, default=6000, help="stage 2: samples of one client")
+    parser.add_argument("--stage2-steps", type=int, default=500, help="stage 2: local steps M")
+    parser.add_argument("--loop-steps", type=int, default=50, help="stage 2: explicit GD steps timed")
+    parser.add_argument("--classes", type=int, default=10, help="stage 2: classes C")
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args(argv)
     args.methods = [m for m in args.methods.split(",") if m]
     unknown = sorted(set(args.methods) - set(METHODS))
     if unknown or not args.methods:
         parser.error(f"--methods: unknown {unknown}; allowed: {','.join(METHODS)}")
-    if min(args.samples, args.batch_size, args.repeats) < 1:
-        parser.error("--samples, --batch-size and --repeats must be positive")
+    if min(args.samples, args.batch_size, args.repeats, args.stage2_n, args.stage2_steps, args.loop_steps,
+           args.classes) < 1:
+        parser.error("--samples, --batch-size, --repeats and the --stage2/--loop/--classes sizes must be positive")
     return args
 
 
@@ -174,14 +227,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     results = measure(model, x.to(device), coords, args.methods, args.batch_size, args.repeats)
+    stage2 = measure_stage2(args.stage2_n, args.p, args.classes, args.stage2_steps, args.loop_steps, device)
     report = {
         "model": args.model, "num_params": num_params, "p": args.p, "samples": args.samples,
         "batch_size": args.batch_size, "repeats": args.repeats, "device": str(device),
-        "inputs": inputs, "machine": machine_info(), "results": results,
+        "inputs": inputs, "machine": machine_info(), "results": results, "stage2": stage2,
     }
     print(f"{args.model}: {num_params} parameters, p={args.p}, {args.samples} samples ({inputs}), "
           f"batch {args.batch_size}, {device}, median of {args.repeats}")
     _print_table(results)
+    scaled = f" (timed {stage2['explicit_steps_timed']} steps)" if stage2["explicit_round_is_scaled"] else ""
+    print(f"stage 2, one client n={stage2['n']}, p={stage2['p']}, M={stage2['local_steps']}: spectrum (once) "
+          f"{stage2['spectrum_s']:.2f}s, closed-form round {stage2['closed_form_round_s']:.3f}s, explicit GD round "
+          f"{stage2['explicit_round_s']:.2f}s{scaled}; max rel diff {stage2['max_rel_diff_closed_vs_explicit']:.1e}")
     print("machine:", json.dumps(report["machine"]))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
