@@ -297,7 +297,9 @@ class Experiment:
 
     def should_evaluate(self, t: int) -> bool:
         cfg = self.cfg
-        return t % int(cfg.eval.every) == 0 or t > int(cfg.rounds) - int(cfg.eval.final_window) or t == 1
+        required = getattr(self.strategy, "must_evaluate", None)
+        return (t % int(cfg.eval.every) == 0 or t > int(cfg.rounds) - int(cfg.eval.final_window) or t == 1
+                or (required is not None and required(t)))
 
     # -- main loop ------------------------------------------------------------------------
     def run(self) -> dict:
@@ -309,6 +311,9 @@ class Experiment:
         observe = getattr(self.strategy, "observe_population", None)
         if observe is not None:
             observe({fed.node_of[p]: fed.train_size[p] for p in self.trainable})
+        on_start = getattr(self.strategy, "on_start", None)
+        if on_start is not None:
+            on_start(self, fed)
         loop_start = time.monotonic()
         prepare = getattr(self.strategy, "prepare_round", None)
         for t in range(1, rounds + 1):

@@ -48,7 +48,12 @@ class Algorithm:
     round), ``observe_eval(round, record)`` (after each evaluation),
     ``observe_failures(node_ids)`` (nodes whose messages failed) and
     ``observe_population(sizes)`` (once after the handshake: node id -> training examples
-    of every training client).
+    of every training client), ``on_start(experiment, federation)`` (once before round 1),
+    ``prepare_round(round, experiment, federation) -> record | None`` (before each training
+    round: a phase between rounds, e.g. TCT's convexify step), ``must_evaluate(round)``
+    (evaluate this round whatever ``eval.every`` says), ``evaluate_on_server(round, arrays,
+    global_idx, client_idx) -> scores | None`` (score arrays that are not a model) and
+    ``summary_extra(records) -> dict`` (algorithm-specific summary keys).
     """
 
     name: str

@@ -22,6 +22,7 @@ Prediction is argmax Wᵀz; the server scores W on its test features.
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from collections.abc import Iterable
@@ -42,6 +43,7 @@ from strategies.fedavg import local_sgd
 from strategies.scaffold import CONTROL, Scaffold, control_update
 from strategies.state_store import keep_arrays, kept_arrays, node_file, state_root
 from task.entk import entk_network, extract_features, parameter_count, select_coordinates
+from task.errors import ConfigError
 from task.tct import (FEATURE_DTYPES, FeatureMatrix, LocalLeastSquares, feature_moments, one_hot_targets,
                       open_feature_file, standardization)
 
@@ -74,6 +76,14 @@ def require_disk(folder: Path, needed: int, what: str) -> None:
     if needed > free:
         raise RuntimeError(f"tct.features: {what} need {needed / GIB:.2f} GiB in {folder}, only {free / GIB:.2f} GiB "
                            "free; lower tct.features, use tct.feature_dtype=float16 or point client_state.dir elsewhere")
+
+
+def physical_memory() -> int:
+    """Bytes of physical memory of this machine (0 when unknown)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
 
 
 def memory_plan(cfg: DictConfig, train_sizes: list[int], test_rows: int) -> str:
@@ -112,6 +122,22 @@ class TCT(FedAvg):
         if isinstance(self.stage2, Scaffold):
             self.stage2.observe_population(sizes)
 
+    def on_start(self, experiment, fed) -> None:
+        """State the feature memory before round 1; refuse a run whose stage-2 Gram matrix
+        (min(n_k, p)² per client) cannot fit in this machine's memory."""
+        sizes = [fed.train_size[p] for p in experiment.trainable]
+        log(INFO, "[flrep] %s", memory_plan(self.cfg, sizes, len(experiment.evaluator.test)))
+        side = min(max(sizes, default=0), int(self.cfg.tct.features))
+        needed, available = 3 * side * side * 8, physical_memory()
+        if available and needed > available:
+            raise ConfigError(f"tct.features: stage 2 needs about {needed / GIB:.1f} GiB for a {side:,}x{side:,} Gram "
+                              f"matrix (min(largest client's samples, p)), this machine has {available / GIB:.1f} GiB; "
+                              "lower tct.features")
+
+    def must_evaluate(self, server_round: int) -> bool:
+        """The stage-1 model is always evaluated (``tct_stage1_global_accuracy``)."""
+        return server_round == self.stage1_rounds
+
     def observe_failures(self, nodes: Iterable[int]) -> None:
         """A failed message may not have delivered the standardisation: send it again."""
         self.informed.difference_update(nodes)
@@ -130,7 +156,6 @@ class TCT(FedAvg):
         cfg, start = self.cfg, time.monotonic()
         pids = experiment.trainable
         evaluator = experiment.evaluator
-        log(INFO, "[flrep] %s", memory_plan(cfg, [fed.train_size[p] for p in pids], len(evaluator.test)))
         config = ConfigRecord({"variant": cfg.label, "server-round": server_round})
         messages = [Message(RecordDict({ARRAYS: experiment.arrays, CONFIG: config}), dst_node_id=n,
                             message_type="query.entk") for n in fed.nodes(pids)]

@@ -168,3 +168,14 @@ def test_server_test_features_use_the_stage_one_model(tmp_path):
     _, grid, experiment, _ = _run(tmp_path, "rounds=3")
     assert isinstance(experiment.arrays, ArrayRecord) and set(experiment.arrays) == {WEIGHTS}
     assert experiment.strategy.test.shape[1] == P
+
+
+def test_a_gram_matrix_beyond_the_machine_memory_is_refused_before_round_one(tmp_path, monkeypatch):
+    import strategies.tct as tct
+
+    monkeypatch.setattr(tct, "physical_memory", lambda: 1 << 20)
+    overrides = _overrides(tmp_path)
+    grid = LocalGrid(4, {"experiment": "quickstart", "overrides": overrides})
+    with pytest.raises(ConfigError, match="tct.features"):
+        Experiment(grid, load_config("quickstart", overrides.split())).run()
+    assert not [m for m in grid.sent if m.metadata.message_type == "train"]
