@@ -58,7 +58,8 @@ def test_quickstart_logs_progress_with_eta_and_output_path(quickstart_run):
     proc, out = quickstart_run
     log = proc.stdout + proc.stderr
     assert "round 4/4" in log and "personalized acc" in log and "global acc" in log and "ETA" in log
-    assert str(out) in log.strip().splitlines()[-1]
+    # the output path is the run's last word (Ray's own shutdown warnings may still follow it)
+    assert str(out) in [line for line in log.splitlines() if "[flrep]" in line][-1]
 
 
 def test_local_only_runs_without_a_global_model(tmp_path):
