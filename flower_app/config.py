@@ -168,8 +168,10 @@ def validate(cfg: DictConfig) -> None:
     _require(cfg.server_opt.name == "none" or cfg.algorithm == "fedavg", "server_opt.name",
              f"server optimizers apply to algorithm=fedavg; '{cfg.algorithm}' has no server optimizer (use none)")
     _choice(cfg, "fedrep.head_solver", HEAD_SOLVERS)
+    from strategies.scaffold import WEIGHTINGS
+
     _validate_tct(cfg)
-    _choice(cfg, "scaffold.weighting", ("uniform", "examples"))
+    _choice(cfg, "scaffold.weighting", WEIGHTINGS)
     _positive(cfg, "scaffold.global_lr")
     _require(cfg.algorithm != "scaffold" or cfg.model.name != "adult_fair", "algorithm",
              "the fair model trains with its own adversary step and no gradient correction: use lg_fedavg or fedavg")
@@ -256,12 +258,13 @@ def validate(cfg: DictConfig) -> None:
 
 def _validate_tct(cfg: DictConfig) -> None:
     """The ``tct.*`` keys, and what a TCT run cannot combine with."""
+    from strategies.tct import SOLVERS
     from task.entk import METHODS
     from task.tct import FEATURE_DTYPES
 
     _choice(cfg, "tct.feature_dtype", FEATURE_DTYPES)
     _choice(cfg, "tct.entk_method", METHODS)
-    _choice(cfg, "tct.solver", ("scaffold", "fedavg", "gd"))
+    _choice(cfg, "tct.solver", SOLVERS)
     for key in ("tct.features", "tct.entk_batch_size", "tct.local_steps"):
         _positive(cfg, key, integer=True)
     _positive(cfg, "tct.lr")

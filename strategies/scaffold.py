@@ -114,11 +114,11 @@ def scaffold_train(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     rt.load(content[ARRAYS])
     config = round_config(content)
     params = dict(rt.model.named_parameters())
-    start = {k: p.detach().clone() for k, p in params.items()}
+    before = {k: v.detach().clone() for k, v in rt.model.state_dict().items()}
+    start = {k: before[k] for k in params}
     c = {k: v.to(rt.device) for k, v in content[CONTROL].to_torch_state_dict().items()} if CONTROL in content else {}
     c_i = {k: v.to(rt.device) for k, v in (kept_arrays(rt, CLIENT_CONTROL) or {}).items()}
     correction = [c.get(k, torch.zeros_like(p)) - c_i.get(k, torch.zeros_like(p)) for k, p in params.items()]
-    before = {k: v.detach().clone() for k, v in rt.model.state_dict().items()}
     result = rt.local_training(config, grad_correction=correction)
     after = rt.model.state_dict()
     end = {k: p.detach() for k, p in params.items()}

@@ -54,6 +54,7 @@ FEATURES = "tct-features"
 SPECTRUM = "tct-spectrum"
 CLIENT_CONTROL = "tct-ci"
 WEIGHTS = "W"
+SOLVERS = ("scaffold", "fedavg", "gd")  # TCT, TCT-FedAvg, TCT-GD
 GIB = float(1 << 30)
 
 
