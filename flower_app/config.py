@@ -24,7 +24,7 @@ from task.sources import DATASET_NAMES
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 CONF_DIR = PROJECT_DIR / "conf"
-SERVER_OPTS = ("none", "fedavgm", "fedadam")
+FEDAVG_SERVER_OPTS = ("none", "fedavgm", "fedadam")
 FINETUNE_PARTS = ("head", "full")
 HEAD_SOLVERS = ("sgd", "exact")
 MODEL_INITS = ("default", "scaled_orthonormal")
@@ -162,11 +162,10 @@ def validate(cfg: DictConfig) -> None:
              f"+FT is available for {', '.join(supported)}, not '{cfg.algorithm}'")
     _choice(cfg, "data.name", DATASET_NAMES)
     _choice(cfg, "model.name", MODEL_NAMES)
-    _choice(cfg, "server_opt.name", SERVER_OPTS)
     _choice(cfg, "finetune.part", FINETUNE_PARTS)
     _choice(cfg, "simulation.device", DEVICES)
-    _require(cfg.server_opt.name == "none" or cfg.algorithm == "fedavg", "server_opt.name",
-             f"server optimizers apply to algorithm=fedavg; '{cfg.algorithm}' has no server optimizer (use none)")
+    _validate_server_opt(cfg)
+    _validate_local_update(cfg)
     _choice(cfg, "fedrep.head_solver", HEAD_SOLVERS)
     from strategies.scaffold import WEIGHTINGS
 
@@ -230,7 +229,6 @@ def validate(cfg: DictConfig) -> None:
     _positive(cfg, "train.lr")
     _positive(cfg, "train.lr_decay")
     _positive(cfg, "finetune.lr", allow_none=True)
-    _positive(cfg, "server_opt.lr")
     for key in ("train.momentum", "train.weight_decay", "fedprox.mu", "finetune.epochs", "fedrep.head_epochs", "new_clients.epochs", "client_state.disk_above_bytes",
                 "eval.final_window", "data.num_new_clients", "simulation.client_gpus"):
         _nonnegative(cfg, key)
@@ -254,6 +252,44 @@ def validate(cfg: DictConfig) -> None:
         "model.head",
         f"got {head!r}, expected null or a non-empty list of layer names",
     )
+
+
+def _validate_server_opt(cfg: DictConfig) -> None:
+    """``server_opt.name`` against the algorithm, and its numbers."""
+    from strategies.local_update import SERVER_OPTS
+
+    if cfg.algorithm == "local_update":
+        _choice(cfg, "server_opt.name", SERVER_OPTS)
+    elif cfg.algorithm == "fedavg":
+        _choice(cfg, "server_opt.name", FEDAVG_SERVER_OPTS)
+    else:
+        _require(cfg.server_opt.name == "none", "server_opt.name",
+                 f"server optimizers apply to algorithm=fedavg and local_update; '{cfg.algorithm}' has none (use none)")
+    _positive(cfg, "server_opt.lr")
+    _positive(cfg, "server_opt.tau")
+    for key in ("server_opt.momentum", "server_opt.beta_1", "server_opt.beta_2"):
+        value = OmegaConf.select(cfg, key)
+        _require(isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1, key,
+                 f"got {value!r}, expected a number in [0, 1)")
+
+
+def _validate_local_update(cfg: DictConfig) -> None:
+    """The ``local_update.*`` keys and the conditions of each preset (the paper's Table 1)."""
+    from strategies.local_update import PRESETS, WEIGHTINGS, preset_problem
+
+    _choice(cfg, "local_update.preset", PRESETS)
+    _choice(cfg, "local_update.weighting", WEIGHTINGS)
+    _positive(cfg, "local_update.steps", integer=True)
+    for key in ("local_update.client_lr", "local_update.alpha"):
+        _nonnegative(cfg, key)
+    theta = cfg.local_update.theta
+    _require(theta is None or (OmegaConf.is_list(theta) and len(theta) > 0 and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 and math.isfinite(v) for v in theta)
+        and any(v > 0 for v in theta)), "local_update.theta",
+        f"got {theta!r}, expected null or a list of weights >= 0, at least one > 0")
+    problem = preset_problem(cfg)
+    if problem is not None:
+        raise ConfigError(problem)
 
 
 def _validate_tct(cfg: DictConfig) -> None:

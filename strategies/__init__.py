@@ -4,7 +4,7 @@ Adding an algorithm: write ``strategies/<name>.py`` defining ``ALGORITHM`` and a
 line below.
 """
 
-from strategies import fedavg, fedper, fedprox, fedrep, lg_fedavg, local_only, scaffold, tct
+from strategies import fedavg, fedper, fedprox, fedrep, lg_fedavg, local_only, local_update, scaffold, tct
 from strategies.base import Algorithm
 
 ALGORITHMS: dict[str, Algorithm] = {
@@ -16,4 +16,5 @@ ALGORITHMS: dict[str, Algorithm] = {
     lg_fedavg.ALGORITHM.name: lg_fedavg.ALGORITHM,
     scaffold.ALGORITHM.name: scaffold.ALGORITHM,
     tct.ALGORITHM.name: tct.ALGORITHM,
+    local_update.ALGORITHM.name: local_update.ALGORITHM,
 }

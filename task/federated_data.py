@@ -120,7 +120,7 @@ def source_key(data_cfg: Mapping) -> str:
               "dirichlet_self_balancing", "shards_per_client", "shard_size", "num_new_clients", "test_per_client",
               "new_client_classes", "new_client_classes_per_client", "new_client_train_size", "new_client_test_size",
               "online_device"}
-    if plain.get("name") != "synthetic_linear":
+    if plain.get("name") not in ("synthetic_linear", "synthetic_quadratic"):
         ignore.add("num_clients")
     return json.dumps({k: v for k, v in plain.items() if k not in ignore}, sort_keys=True)
 

@@ -232,6 +232,12 @@ def linear(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
     return SplitModel(OrderedDict(fc1=nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes))))
 
 
+def quadratic(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
+    """x ∈ R^d as one bias-free linear map (group ``fc1``): with ``synthetic_quadratic`` data
+    its regression loss is the LocalUpdate analysis' quadratic f_i(x)."""
+    return SplitModel(OrderedDict(fc1=nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes, bias=False))))
+
+
 def resnet18_gn(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
     """ResNet-18 with GroupNorm for 32x32 images (TCT's "ResNet18-GN").
 
@@ -344,6 +350,7 @@ _BUILDERS: dict[str, Callable[[tuple[int, ...], int], SplitModel]] = {
     "resnet18_gn": resnet18_gn,
     "digits_mlp": digits_mlp,
     "linear": linear,
+    "quadratic": quadratic,
     "linear_rep": linear_rep,
 }
 

@@ -67,7 +67,7 @@ from task.sources import cfg_get, get_bool, get_choice, get_float, get_int
 
 PARTITIONS = ("iid", "pathological", "dirichlet", "shard", "natural")
 CLASS_ASSIGNMENT_MODES = ("first-deterministic", "random", "deterministic")
-_NATURAL_BY_DEFAULT = ("femnist", "synthetic_linear")
+_NATURAL_BY_DEFAULT = ("femnist", "synthetic_linear", "synthetic_quadratic")
 
 
 def partition_scheme(data_cfg: Mapping) -> str:

@@ -10,7 +10,8 @@ Config keys (all under ``data.``)
 ---------------------------------
 ``name``
     One of :data:`DATASET_NAMES`: ``digits``, ``mnist``, ``fashion_mnist``, ``cifar10``,
-    ``cifar100``, ``femnist``, ``adult``, ``image_folder``, ``synthetic_linear``. Required.
+    ``cifar100``, ``femnist``, ``adult``, ``image_folder``, ``synthetic_linear``,
+    ``synthetic_quadratic`` (:mod:`task.synthetic_quadratic`). Required.
 ``source``
     ``local`` (default) or ``hub``. ``hub`` loads ``data.hub_id`` with
     flwr-datasets' ``FederatedDataset`` (whole splits, our own partitioning) and needs network
@@ -84,6 +85,7 @@ DATASET_NAMES: tuple[str, ...] = (
     "adult",
     "image_folder",
     "synthetic_linear",
+    "synthetic_quadratic",
 )
 
 
@@ -104,6 +106,10 @@ def load_source(data_cfg: Mapping) -> DataBundle:
         from task.synthetic import bundle_from_cfg
 
         return bundle_from_cfg(data_cfg)
+    if name == "synthetic_quadratic":
+        from task.synthetic_quadratic import bundle_from_cfg as quadratic_bundle
+
+        return quadratic_bundle(data_cfg)
     if source == "hub":
         if name not in HUB_DEFAULTS:
             raise ConfigError(
