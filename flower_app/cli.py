@@ -1,4 +1,5 @@
-"""The ``flrep`` command: blocking runs, experiment listing, the LG-FedAvg synthetic analysis and the engine and TCT benchmarks."""
+"""The ``flrep`` command: blocking runs, experiment listing, the LG-FedAvg synthetic analysis, the
+LocalUpdate Pareto frontiers and the engine and TCT benchmarks."""
 
 from __future__ import annotations
 
@@ -89,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     syn.set_defaults(func=_cmd_lg_synthetic)
     sub.add_parser("bench", help="local-training throughput: engine vs DataLoader (flrep bench --help)")
     sub.add_parser("bench-tct", help="TCT: eNTK extraction throughput and stage-2 round time (flrep bench-tct --help)")
+    sub.add_parser("pareto", help="LocalUpdate convergence/accuracy Pareto frontiers, Figs. 1-5 (flrep pareto --help)")
     return parser
 
 
@@ -102,6 +104,10 @@ def main(argv: list[str] | None = None) -> int:
         from task.entk_benchmark import main as tct_bench_main
 
         return tct_bench_main(argv[1:])
+    if argv[:1] == ["pareto"]:
+        from task.pareto import main as pareto_main
+
+        return pareto_main(argv[1:])
     args = build_parser().parse_args(argv)
     return args.func(args)
 

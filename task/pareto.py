@@ -5,11 +5,12 @@ condition number κ(α, γ, Θ), and Δ is the suboptimality (17) with κ₀ = L
 bound (11) for Θ_{1:K} (FedAvg-style) or (13) for Θ_K (MAML-style), as in Figures 1–4.
 
 Figure 5 instead simulates Θ_K on one random A with μ ⪯ A ⪯ L: κ is (9) on the eigenvalues of A,
-and Δ is Lemma 5's (√b − √a)/(√b + √a) with b/a = cond(Q(α, γ, Θ_K)). When γ < 1/(KL + α),
-Lemma 6 makes cond(Q) = κ₀/κ, so this Δ is (17) exactly; beyond that (17) no longer bounds the
-distance (κ grows past κ₀ and (17) turns negative), which is where the MAML frontier leaves
-FedAvg's. There κ is computed in log space, since (1 − γλ)^{K−1} underflows long before K = 10⁶,
-and capped at ``KAPPA_CAP``, beyond which ρ and Δ are 1 in double precision.
+and Δ is Lemma 5's (√b − √a)/(√b + √a) with b/a = cond(Q(α, γ, Θ_K)). When
+γ < 1/(KL + α), cond(Q) = κ₀/κ (Lemma 6, with equality as μ and L are eigenvalues of A), so
+this Δ is (17); beyond that (17) no longer bounds the distance (κ grows past κ₀ and (17) turns
+negative), which is where the MAML frontier leaves FedAvg's. There κ is computed in log space,
+since (1 − γλ)^{K−1} underflows long before K = 10⁶, and capped at ``KAPPA_CAP``, beyond which
+ρ and Δ are 1 in double precision.
 
 ``write_outputs`` writes every point to ``pareto.csv`` and draws one PNG per figure.
 """
@@ -53,7 +54,8 @@ def gamma_grid(L: float, num: int = 200) -> np.ndarray:
 
 
 def bound_holds(theta: str, L: float, alpha: float, gamma: float, K: int) -> bool:
-    """The step-size condition of the κ bound: γ < 1/(L + α) for Θ_{1:K} (Lemma 3), γ < 1/(KL + α) for Θ_K (Lemma 4)."""
+    """The step-size condition of the κ bound: γ < 1/(L + α) for Θ_{1:K} (Lemma 3),
+    γ < 1/(KL + α) for Θ_K (Lemma 4)."""
     return gamma < 1.0 / ((L if theta == "prefix" else K * L) + alpha)
 
 
@@ -65,22 +67,23 @@ def point(figure: str, curve: str, *, mu: float, L: float, alpha: float, gamma: 
     above κ₀ when Δ comes from (17), whose bound (Lemma 6) keeps κ ≤ κ₀.
     """
     kappa = max(kappa, 1.0)
+    if delta is None:
+        delta = suboptimality(L / mu, min(kappa, L / mu))
     return {"figure": figure, "curve": curve, "mu": mu, "L": L, "alpha": alpha, "gamma": float(gamma),
             "K": int(K), "theta": theta, "momentum": momentum, "d": d, "kappa": kappa,
-            "rho": rate(kappa, momentum), "delta": suboptimality(L / mu, min(kappa, L / mu)) if delta is None else delta,
-            "valid": bound_holds(theta, L, alpha, gamma, K)}
+            "rho": rate(kappa, momentum), "delta": delta, "valid": bound_holds(theta, L, alpha, gamma, K)}
 
 
 def fig1_vary_k(ks: np.ndarray) -> list[dict]:
     """Figure 1 (left): γ = 0.01 fixed, K varies, L ∈ {5, 50}."""
-    return [point("fig1_vary_K", f"L={L}", mu=1.0, L=L, alpha=0.0, gamma=0.01, K=K, theta="prefix",
+    return [point("fig1_vary_K", f"L={L:g}", mu=1.0, L=L, alpha=0.0, gamma=0.01, K=K, theta="prefix",
                   momentum="none", kappa=kappa_prefix(1.0, L, 0.0, 0.01, K))
             for L in (5.0, 50.0) for K in ks]
 
 
 def fig1_vary_gamma(num: int = 200) -> list[dict]:
     """Figure 1 (right): K = 100 fixed, γ varies over (0, 1/L), L ∈ {5, 50}."""
-    return [point("fig1_vary_gamma", f"L={L}", mu=1.0, L=L, alpha=0.0, gamma=g, K=100, theta="prefix",
+    return [point("fig1_vary_gamma", f"L={L:g}", mu=1.0, L=L, alpha=0.0, gamma=g, K=100, theta="prefix",
                   momentum="none", kappa=kappa_prefix(1.0, L, 0.0, g, 100))
             for L in (5.0, 50.0) for g in gamma_grid(L, num)]
 
@@ -90,7 +93,7 @@ def fig2_momentum(ks: np.ndarray) -> list[dict]:
     rows = []
     for L in (5.0, 50.0):
         kappas = [kappa_prefix(1.0, L, 0.0, 0.5 / L, K) for K in ks]
-        rows += [point("fig2_momentum", f"L={L}, {m}", mu=1.0, L=L, alpha=0.0, gamma=0.5 / L, K=K,
+        rows += [point("fig2_momentum", f"L={L:g}, {m}", mu=1.0, L=L, alpha=0.0, gamma=0.5 / L, K=K,
                        theta="prefix", momentum=m, kappa=k)
                  for m in MOMENTUM_TYPES for K, k in zip(ks, kappas)]
     return rows
@@ -98,7 +101,7 @@ def fig2_momentum(ks: np.ndarray) -> list[dict]:
 
 def fig3_alpha(ks: np.ndarray) -> list[dict]:
     """Figure 3: L = 10, γ = 1/(2(L + α)), K varies, α ∈ {0, 0.5, 1, 5} (proximal client updates)."""
-    return [point("fig3_alpha", f"α={a}", mu=1.0, L=10.0, alpha=a, gamma=0.5 / (10.0 + a), K=K, theta="prefix",
+    return [point("fig3_alpha", f"α={a:g}", mu=1.0, L=10.0, alpha=a, gamma=0.5 / (10.0 + a), K=K, theta="prefix",
                   momentum="none", kappa=kappa_prefix(1.0, 10.0, a, 0.5 / (10.0 + a), K))
             for a in (0.0, 0.5, 1.0, 5.0) for K in ks]
 
@@ -134,7 +137,7 @@ def fig5_simulated_maml(ks: np.ndarray, seed: int = 0) -> list[dict]:
             log_kappa, log_cond_q = log_kappa_and_cond_last(lam, 0.0, gamma, K)
             rows.append(point("fig5_simulated_maml", f"MAML d={d}", mu=mu, L=L, alpha=0.0, gamma=gamma, K=K,
                               theta="last", momentum="none", kappa=math.exp(min(log_kappa, math.log(KAPPA_CAP))),
-                              delta=math.tanh(log_cond_q / 4.0), d=d))
+                              delta=math.tanh(log_cond_q / 4.0), d=d))  # (√c − 1)/(√c + 1), c = cond(Q)
     rows += [point("fig5_simulated_maml", "FedAvg", mu=mu, L=L, alpha=0.0, gamma=gamma, K=K, theta="prefix",
                    momentum="none", kappa=kappa_prefix(mu, L, 0.0, gamma, K)) for K in ks]
     return rows

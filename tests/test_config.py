@@ -29,14 +29,22 @@ def error_of(*overrides, experiment="quickstart"):
         ("train.fraction=1.5", "train.fraction", "(0, 1]"),
         ("rounds=0", "rounds", "positive integer"),
         ("train.batch_size=2.5", "train.batch_size", "positive integer"),
-        ("server_opt.name=sgdm", "server_opt.name", "fedadam"),
+        ("server_opt.name=sgdm", "server_opt.name", "use none"),
+        ("algorithm=local_update server_opt.name=fedadam", "server_opt.name", "nesterov"),
+        ("algorithm=local_update local_update.preset=fedsgd", "local_update.client_lr", "γ = 0"),
+        ("algorithm=local_update local_update.preset=fedprox", "local_update.alpha", "α > 0"),
+        ("algorithm=local_update local_update.preset=maml local_update.alpha=0.5", "local_update.alpha", "α = 0"),
+        ("algorithm=local_update local_update.preset=custom", "local_update.theta", "list of weights"),
+        ("algorithm=local_update local_update.preset=custom local_update.theta=[0,-1]", "local_update.theta", "weights >= 0"),
+        ("algorithm=local_update local_update.theta=[1,2]", "local_update.theta", "preset=custom"),
+        ("algorithm=local_update server_opt.momentum=1.0", "server_opt.momentum", "[0, 1)"),
         ("data.num_new_clients=20", "data.num_new_clients", "no training client"),
         ("model.head=[fc9]", "model.head", "fc1"),
         ("model.head=[fc1]", "model.head", "suffix"),
     ],
 )
 def test_bad_values_name_the_key_and_what_is_allowed(override, key, allowed):
-    message = error_of(override)
+    message = error_of(*override.split())
     assert key in message and allowed in message
 
 
