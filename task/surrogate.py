@@ -102,9 +102,16 @@ class QuadraticFederation:
         return np.linalg.solve(np.einsum("n,nde->de", w, self.A), np.einsum("n,nde,ne->d", w, self.A, self.c))
 
 
-def random_spd(d: int, mu: float, L: float, rng: np.random.Generator) -> np.ndarray:
-    """A random symmetric A with eigenvalues in [μ, L], μ and L among them (cond(A) = L/μ)."""
+def random_basis(d: int, rng: np.random.Generator) -> np.ndarray:
+    """A random orthogonal d×d matrix."""
     q, _ = np.linalg.qr(rng.standard_normal((d, d)))
+    return q
+
+
+def random_spd(d: int, mu: float, L: float, rng: np.random.Generator, basis: np.ndarray | None = None) -> np.ndarray:
+    """A random symmetric A with eigenvalues in [μ, L], μ and L among them (cond(A) = L/μ),
+    with random eigenvectors or the columns of ``basis`` (μ on the first, L on the last)."""
+    q = random_basis(d, rng) if basis is None else basis
     eig = rng.uniform(mu, L, size=d)
     eig[0], eig[-1] = mu, L
     if d == 1:
@@ -112,10 +119,13 @@ def random_spd(d: int, mu: float, L: float, rng: np.random.Generator) -> np.ndar
     return (q * eig) @ q.T
 
 
-def random_federation(num_clients: int, d: int, mu: float, L: float, C: float,
-                      rng: np.random.Generator) -> QuadraticFederation:
-    """Random A_i (μI ⪯ A_i ⪯ LI, each with both extremes) and c_i uniform in the ball ‖c‖ ≤ C."""
-    A = np.stack([random_spd(d, mu, L, rng) for _ in range(num_clients)])
+def random_federation(num_clients: int, d: int, mu: float, L: float, C: float, rng: np.random.Generator,
+                      shared_basis: bool = False) -> QuadraticFederation:
+    """Random A_i (μI ⪯ A_i ⪯ LI, each with both extremes) and c_i uniform in the ball ‖c‖ ≤ C.
+    With ``shared_basis`` the A_i commute (one eigenbasis, μ and L on the same directions), so
+    the surrogate's condition number is exactly κ(α, γ, Θ) of eq. 9."""
+    basis = random_basis(d, rng) if shared_basis else None
+    A = np.stack([random_spd(d, mu, L, rng, basis) for _ in range(num_clients)])
     direction = rng.standard_normal((num_clients, d))
     direction /= np.linalg.norm(direction, axis=1, keepdims=True)
     radius = C * rng.uniform(size=(num_clients, 1)) ** (1.0 / d)

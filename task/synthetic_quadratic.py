@@ -9,7 +9,8 @@ is exactly f_i up to a constant: rows X_i = √(d/2)·A_i^{1/2} and targets y_i 
 (x ∈ R^d, no bias) and a batch size of at least d for full-batch clients.
 
 Config keys (``data.name: synthetic_quadratic``; sub-section ``data.quadratic``):
-``d`` (10), ``mu`` (1.0), ``L`` (10.0), ``C`` (1.0), ``seed`` (0); the number of clients is
+``d`` (10), ``mu`` (1.0), ``L`` (10.0), ``C`` (1.0), ``shared_basis`` (false: every A_i has
+its own random eigenvectors; true: one eigenbasis, so cond(f̃) = κ of eq. 9), ``seed`` (0); the number of clients is
 ``data.num_clients``. ``bundle.meta`` holds ``A`` (n, d, d) and ``c`` (n, d) in float64.
 """
 
@@ -20,7 +21,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from task.errors import ConfigError
-from task.sources import ArrayData, DataBundle, cfg_get, get_float, get_int
+from task.sources import ArrayData, DataBundle, cfg_get, get_bool, get_float, get_int
 from task.surrogate import QuadraticFederation, random_federation
 
 
@@ -35,7 +36,8 @@ def quadratic_params(data_cfg: Mapping) -> dict:
     if L < mu:
         raise ConfigError(f"data.quadratic.L={L} is invalid: expected L >= mu={mu}")
     return {"num_clients": get_int(data_cfg, "num_clients", 10, lo=1), "d": get_int(q, "d", 10, lo=1, prefix=p),
-            "mu": mu, "L": L, "C": get_float(q, "C", 1.0, ge=0.0, prefix=p), "seed": get_int(q, "seed", 0, lo=0, prefix=p)}
+            "mu": mu, "L": L, "C": get_float(q, "C", 1.0, ge=0.0, prefix=p),
+            "shared_basis": get_bool(q, "shared_basis", False, prefix=p), "seed": get_int(q, "seed", 0, lo=0, prefix=p)}
 
 
 def federation_samples(fed: QuadraticFederation) -> ArrayData:
@@ -55,7 +57,7 @@ def bundle_from_cfg(data_cfg: Mapping) -> DataBundle:
     """The quadratic federation of ``data_cfg`` as a regression bundle (natural partition)."""
     params = quadratic_params(data_cfg)
     fed = random_federation(params["num_clients"], params["d"], params["mu"], params["L"], params["C"],
-                            np.random.default_rng(params["seed"]))
+                            np.random.default_rng(params["seed"]), params["shared_basis"])
     samples = federation_samples(fed)
     return DataBundle(train=samples, test=samples, num_classes=1, input_shape=(params["d"],), task="regression",
                       meta={"A": fed.A, "c": fed.c})
