@@ -81,7 +81,25 @@ def make_image_tar(path: Path, classes, n_train=3, n_test=2, prefix="", fmt="PNG
 
 def test_dataset_names():
     assert set(DATASET_NAMES) == {"digits", "mnist", "fashion_mnist", "cifar10", "cifar100", "femnist", "adult",
-                                  "image_folder", "synthetic_linear"}
+                                  "image_folder", "synthetic_linear", "synthetic_quadratic"}
+
+
+def test_synthetic_quadratic_rows_give_the_client_quadratics():
+    """Mean squared error of client i's rows = ½‖A_i^{1/2}(x − c_i)‖² (+ const): (2/d)XᵀX = A_i, y = X c_i."""
+    cfg = {"name": "synthetic_quadratic", "num_clients": 3, "quadratic": {"d": 4, "mu": 1.0, "L": 20.0, "C": 2.0}}
+    b = load_source(cfg)
+    A, c = b.meta["A"], b.meta["c"]
+    assert b.task == "regression" and b.input_shape == (4,) and len(b.train.y) == 12
+    for i in range(3):
+        rows = b.train.group == i
+        x, y = b.train.x[rows].astype(np.float64), b.train.y[rows].astype(np.float64)
+        np.testing.assert_allclose(2.0 / 4 * x.T @ x, A[i], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(x @ c[i], y, rtol=1e-5, atol=1e-5)
+        lam = np.linalg.eigvalsh(A[i])
+        assert lam[0] == pytest.approx(1.0) and lam[-1] == pytest.approx(20.0)
+        assert np.linalg.norm(c[i]) <= 2.0
+    with pytest.raises(ConfigError, match="data.quadratic.L"):
+        load_source({**cfg, "quadratic": {"mu": 5.0, "L": 1.0}})
 
 
 def test_digits_shapes_and_normalisation():
