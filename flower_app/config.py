@@ -283,10 +283,15 @@ def _validate_local_update(cfg: DictConfig) -> None:
     for key in ("local_update.client_lr", "local_update.alpha"):
         _nonnegative(cfg, key)
     theta = cfg.local_update.theta
-    _require(theta is None or (OmegaConf.is_list(theta) and len(theta) > 0 and all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 and math.isfinite(v) for v in theta)
-        and any(v > 0 for v in theta)), "local_update.theta",
-        f"got {theta!r}, expected null or a list of weights >= 0, at least one > 0")
+    if theta is not None:
+        from task.surrogate import Theta
+
+        ok = OmegaConf.is_list(theta) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in theta)
+        try:
+            ok = ok and Theta.of(list(theta)) is not None
+        except ValueError:
+            ok = False
+        _require(ok, "local_update.theta", f"got {theta!r}, expected null or a list of weights >= 0, at least one > 0")
     problem = preset_problem(cfg)
     if problem is not None:
         raise ConfigError(problem)

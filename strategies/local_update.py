@@ -170,12 +170,14 @@ class PseudoGradientAverage(FedAvg):
         config["server-round"] = server_round
         return super().configure_train(server_round, arrays, config, grid)
 
-    def aggregate_train(self, server_round: int,
-                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    def average(self, replies: Iterable[Message]) -> MetricRecord | None:
+        """Set ``pseudo_gradient`` to q_t of the valid replies; their aggregated metrics (None
+        when no reply carries arrays)."""
         valid, _ = self._check_and_log_replies(replies, is_train=True, validate=False)
         valid = [m for m in valid if ARRAYS in m.content]
+        self.pseudo_gradient = None
         if not valid or self._sent is None:
-            return None, None
+            return None
         weights = np.array([1.0 if self.weighting == "uniform" else float(m.content[METRICS][NUM_EXAMPLES])
                             for m in valid])
         weights /= weights.sum()
@@ -183,10 +185,16 @@ class PseudoGradientAverage(FedAvg):
         keys = list(valid[0].content[ARRAYS].keys())
         self.pseudo_gradient = {k: sum(w * g[j].astype(np.float64) for w, g in zip(weights, grads))
                                 for j, k in enumerate(keys)}
-        x = {k: a.numpy() for k, a in self._sent.items()}
-        moved = {k: Array(np.asarray(v - self.pseudo_gradient[k].astype(v.dtype)) if k in self.pseudo_gradient else v)
-                 for k, v in x.items()}
-        metrics = self.train_metrics_aggr_fn([m.content for m in valid], self.weighted_by_key)
+        return self.train_metrics_aggr_fn([m.content for m in valid], self.weighted_by_key)
+
+    def aggregate_train(self, server_round: int,
+                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        metrics = self.average(replies)
+        if self.pseudo_gradient is None:
+            return None, None
+        q = self.pseudo_gradient
+        moved = {k: Array(np.asarray(v - q[k].astype(v.dtype)) if k in q else v)
+                 for k, v in ((k, a.numpy()) for k, a in self._sent.items())}
         return ArrayRecord(moved), metrics
 
 
@@ -199,9 +207,9 @@ class ServerStep(PseudoGradientAverage):
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        moved, metrics = super().aggregate_train(server_round, replies)
-        if moved is None or self.pseudo_gradient is None or self._sent is None:
-            return moved, metrics
+        metrics = self.average(replies)
+        if self.pseudo_gradient is None:
+            return None, None
         x = {k: a.numpy() for k, a in self._sent.items()}
         stepped = self.step({k: x[k] for k in self.pseudo_gradient}, self.pseudo_gradient)
         return ArrayRecord({k: Array(np.asarray(stepped[k], dtype=v.dtype) if k in stepped else v)

@@ -132,14 +132,9 @@ def random_federation(num_clients: int, d: int, mu: float, L: float, C: float, r
     return QuadraticFederation(A, direction * radius)
 
 
-def _eigh(A: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    lam, vec = np.linalg.eigh(A)
-    return lam, vec
-
-
 def distortion(A: np.ndarray, alpha: float, gamma: float, theta: Theta) -> np.ndarray:
     """Q(α, γ, Θ) = Σ_k θ_k (I − γ(A + αI))^{k−1} (eq. 6) for one A or a stack (n, d, d)."""
-    lam, vec = _eigh(A)
+    lam, vec = np.linalg.eigh(A)
     q = theta.poly(1.0 - gamma * (lam + alpha))
     return (vec * q[..., None, :]) @ np.swapaxes(vec, -1, -2)
 
