@@ -252,6 +252,11 @@ def validate(cfg: DictConfig) -> None:
         "model.head",
         f"got {head!r}, expected null or a non-empty list of layer names",
     )
+    _positive(cfg, "faults.min_replies", integer=True)
+    _require(cfg.faults.min_replies <= clients_per_round(cfg), "faults.min_replies",
+             f"{cfg.faults.min_replies} replies can never arrive from the {clients_per_round(cfg)} clients sampled per round")
+    _positive(cfg, "faults.reply_timeout_s", allow_none=True)
+    _nonnegative(cfg, "faults.node_wait_s")
 
 
 def _validate_server_opt(cfg: DictConfig) -> None:

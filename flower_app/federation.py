@@ -13,6 +13,7 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from flower_app.reply_check import TemplateFn, reply_problem
 from strategies.common import CONFIG, METRICS
 from task.errors import ConfigError
 
@@ -121,27 +122,51 @@ def connect(grid: Grid, num_clients: int, traffic: Traffic, wait_s: float = NODE
     return Federation(node_of, train_size)
 
 
-def exchange(grid: Grid, messages: list[Message], traffic: Traffic, fed: Federation, phase: str) -> tuple[list[Message], list[int]]:
-    """Send, receive, count traffic; return the good replies and the partition ids that failed."""
+def exchange(grid: Grid, messages: list[Message], traffic: Traffic, fed: Federation, phase: str,
+             template: TemplateFn | None = None, timeout: float | None = None) -> tuple[list[Message], dict[int, str]]:
+    """Send, receive, count traffic and screen the replies (see :mod:`flower_app.reply_check`;
+    ``template`` gives the arrays a training reply must carry). Returns the sound replies,
+    sorted by partition id, and why each other client failed (partition id -> reason): an
+    error reply, no reply within ``timeout`` seconds, or a rejected reply."""
     traffic.sent(messages, phase)
-    replies = list(grid.send_and_receive(messages))
+    replies = list(grid.send_and_receive(messages, timeout=timeout))
     traffic.received(replies, phase)
-    failed = []
+    sent_by_id = {msg.metadata.message_id: msg for msg in messages}
+    failed: dict[int, str] = {}
+    good: list[tuple[int, Message]] = []
     for rep in replies:
+        # an error made by the SuperLink (e.g. node unavailable) comes from the SuperLink's
+        # node id: the message it answers says which client it was for
+        sent = sent_by_id.get(rep.metadata.reply_to_message_id)
+        node = sent.metadata.dst_node_id if sent is not None else rep.metadata.src_node_id
+        pid = fed.pid_of.get(node, -1)
         if rep.has_error():
-            pid = fed.pid_of.get(rep.metadata.src_node_id, -1)
-            failed.append(pid)
-            log(WARNING, "%s: client %d (node %d) failed: %s", phase, pid, rep.metadata.src_node_id, rep.error.reason)
-    answered = {fed.pid_of.get(r.metadata.src_node_id) for r in replies}
+            failed[pid] = f"error: {rep.error.reason}"
+        elif sent is None or rep.metadata.src_node_id != node:
+            failed[pid] = "reply to no message of this exchange"
+        else:
+            problem = reply_problem(rep, template(sent) if template is not None else None, phase == "train")
+            if problem:
+                failed[pid] = f"rejected: {problem}"
+            else:
+                good.append((pid, rep))
+                continue
+        log(WARNING, "%s: client %d (node %d) %s", phase, pid, node, failed[pid])
+    answered = {pid for pid, _ in good} | set(failed)
     for msg in messages:
         pid = fed.pid_of.get(msg.metadata.dst_node_id, -1)
         if pid not in answered:
-            failed.append(pid)
+            failed[pid] = "no reply"
             log(WARNING, "%s: client %d (node %d) sent no reply", phase, pid, msg.metadata.dst_node_id)
     # replies arrive in any order; aggregating them by partition id makes the floating-point
     # sums, and so the whole run, repeat exactly for a seed
-    good = sorted((r for r in replies if not r.has_error()), key=lambda r: fed.pid_of.get(r.metadata.src_node_id, -1))
-    return good, sorted(failed)
+    good.sort(key=lambda item: item[0])
+    return [rep for _, rep in good], dict(sorted(failed.items()))
+
+
+def failure_fields(failed: dict[int, str]) -> dict:
+    """A record's failure fields: the failed partition ids and why each failed."""
+    return {"failed_clients": list(failed), "failures": {str(pid): why for pid, why in failed.items()}}
 
 
 def metric_of(replies: Iterable[Message], fed: Federation, key: str) -> dict[int, float]:

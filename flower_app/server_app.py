@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import time
 from datetime import datetime
-from logging import INFO
+from logging import INFO, WARNING
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +17,8 @@ from omegaconf import DictConfig
 
 from flower_app.comparison import comparison_table, write_comparison
 from flower_app.config import clients_per_round, pick_device, validate_with_data, variants_from_run_config
-from flower_app.federation import Federation, NodeSubset, Traffic, connect, exchange, metric_of
+from flower_app.federation import Federation, NodeSubset, Traffic, connect, exchange, failure_fields, metric_of
+from flower_app.reply_check import TemplateFn, same_arrays_as_sent
 from flower_app.results import RunRecorder
 from flower_app.tracking import Tracker
 from strategies import ALGORITHMS
@@ -136,16 +137,33 @@ class Experiment:
         config = ConfigRecord({"lr": float(self.cfg.train.lr) * float(self.cfg.train.lr_decay) ** (t - 1),
                                "variant": self.cfg.label})
         messages = list(self.strategy.configure_train(t, self.arrays, config, NodeSubset(self.grid, fed.nodes(pids))))
-        replies, failed = exchange(self.grid, messages, self.traffic, fed, "train")
-        self._observe_failures(fed, failed)
+        template = getattr(self.strategy, "reply_template", same_arrays_as_sent)
+        replies, failed = self.exchange(messages, fed, "train", template)
+        record = {"round": t, "phase": "train", "clients": pids, **failure_fields(failed)}
+        minimum = int(self.cfg.faults.min_replies)
+        if len(replies) < minimum:
+            log(WARNING, "[flrep] round %d skipped: %d sound replies, faults.min_replies=%d", t, len(replies), minimum)
+            record["skipped"] = True
+            return record
         new_arrays, metrics = self.strategy.aggregate_train(t, replies)
         if new_arrays is not None:
             for key in new_arrays:
                 self.arrays[key] = new_arrays[key]
-        record = {"round": t, "phase": "train", "clients": pids, "failed_clients": failed}
         if metrics is not None:
             record.update({k: float(v) for k, v in metrics.items()})
         return record
+
+    def exchange(self, messages: list[Message], fed: Federation, phase: str,
+                 template: TemplateFn | None = None) -> tuple[list[Message], dict[int, str]]:
+        """Send ``messages``, screen the replies (``faults.reply_timeout_s``), tell the strategy
+        which nodes failed; the sound replies and why the others failed (partition id -> reason)."""
+        timeout = self.cfg.faults.reply_timeout_s
+        replies, failed = exchange(self.grid, messages, self.traffic, fed, phase, template,
+                                   None if timeout is None else float(timeout))
+        observe = getattr(self.strategy, "observe_failures", None)
+        if observe is not None and failed:
+            observe(fed.nodes(p for p in failed if p in fed.node_of))
+        return replies, failed
 
     def evaluate_round(self, t: int, fed: Federation, pids: list[int] | None = None) -> dict:
         pids = self.trainable if pids is None else pids
@@ -155,7 +173,7 @@ class Experiment:
                            {p: self.data.client_test[p] for p in pids}) if on_server is not None else None
         if scores is not None:  # the strategy scores its own (non-model) arrays, e.g. TCT's stage 2
             record["global_accuracy"], record["global_loss"] = scores["global_accuracy"], scores["global_loss"]
-            accs, losses, failed = scores["accuracy"], scores["loss"], []
+            accs, losses, failed = scores["accuracy"], scores["loss"], {}
         else:
             accs, losses, failed = self._evaluate_model(t, fed, pids, record)
         spread = client_spread(accs.values()) if accs else {}
@@ -165,11 +183,11 @@ class Experiment:
             personalized_accuracy_worst10=spread.get("worst10"),
             personalized_loss=float(np.mean(list(losses.values()))) if losses else None,
             client_accuracy={str(k): v for k, v in sorted(accs.items())},
-            failed_clients=failed,
+            **failure_fields(failed),
         )
         return record
 
-    def _evaluate_model(self, t: int, fed: Federation, pids: list[int], record: dict) -> tuple[dict, dict, list[int]]:
+    def _evaluate_model(self, t: int, fed: Federation, pids: list[int], record: dict) -> tuple[dict, dict, dict[int, str]]:
         """Global metrics of the server's model into ``record``; personalized accuracy and loss
         per client (on the server, or by the clients when the algorithm evaluates there)."""
         if self.algorithm.shared_keys is not None and self.algorithm.global_model and self._has_global_model(t):
@@ -179,11 +197,10 @@ class Experiment:
             record.update(self.evaluator.linear_metrics(self.arrays, tuple(self.trainable), self.algorithm.global_model))
         if self.algorithm.evaluate is None and not self.fair:
             accs, losses = self.evaluator.per_client(pids)
-            return accs, losses, []
+            return accs, losses, {}
         config = ConfigRecord({"variant": self.cfg.label, "server-round": t, "postfit": self.fair and t == int(self.cfg.rounds)})
         messages = list(self.strategy.configure_evaluate(t, self.arrays, config, NodeSubset(self.grid, fed.nodes(pids))))
-        replies, failed = exchange(self.grid, messages, self.traffic, fed, "evaluate")
-        self._observe_failures(fed, failed)
+        replies, failed = self.exchange(messages, fed, "evaluate")
         if self.fair:
             record.update(fairness_means(replies, fed))
         return metric_of(replies, fed, "accuracy"), metric_of(replies, fed, "loss"), failed
@@ -193,17 +210,11 @@ class Experiment:
         check = getattr(self.strategy, "has_global_model", None)
         return check(t) if check is not None else True
 
-    def _observe_failures(self, fed: Federation, failed: list[int]) -> None:
-        """Tell a strategy that tracks per-node state which nodes' messages failed (hook)."""
-        observe = getattr(self.strategy, "observe_failures", None)
-        if observe is not None and failed:
-            observe(fed.nodes(p for p in failed if p in fed.node_of))
-
     def finetune_phase(self, fed: Federation) -> dict:
         config = ConfigRecord({"epochs": int(self.cfg.finetune.epochs), "variant": self.cfg.label})
         content = RecordDict({ARRAYS: self.arrays, CONFIG: config})
         messages = [Message(content, dst_node_id=n, message_type="train.finetune") for n in fed.nodes(self.trainable)]
-        replies, failed = exchange(self.grid, messages, self.traffic, fed, "finetune")
+        replies, failed = self.exchange(messages, fed, "finetune")
         before, after = metric_of(replies, fed, "accuracy_before"), metric_of(replies, fed, "accuracy_after")
         return {
             "round": int(self.cfg.rounds),
@@ -213,7 +224,7 @@ class Experiment:
             "accuracy_after_std": client_spread(after.values())["std"] if after else None,
             "accuracy_after_worst10": client_spread(after.values())["worst10"] if after else None,
             "client_accuracy_after": {str(k): v for k, v in sorted(after.items())},
-            "failed_clients": failed,
+            **failure_fields(failed),
         }
 
     def new_client_phase(self, fed: Federation) -> dict:
@@ -223,7 +234,7 @@ class Experiment:
         config = ConfigRecord({"epochs": int(self.cfg.new_clients.epochs), "variant": self.cfg.label})
         content = RecordDict({ARRAYS: arrays, CONFIG: config})
         messages = [Message(content, dst_node_id=n, message_type="train.newclient") for n in fed.nodes(self.data.new_clients)]
-        replies, failed = exchange(self.grid, messages, self.traffic, fed, "newclient")
+        replies, failed = self.exchange(messages, fed, "newclient")
         curve = []
         for epoch in range(int(self.cfg.new_clients.epochs) + 1):
             accs = metric_of(replies, fed, f"accuracy_epoch_{epoch}")
@@ -232,12 +243,12 @@ class Experiment:
         log(INFO, "[flrep] new clients (%d): head-only accuracy by epoch %s", len(messages),
             " ".join(_fmt(a) for a in curve))
         return {"round": int(self.cfg.rounds), "phase": "newclients", "newclient_accuracy_by_epoch": curve,
-                "client_accuracy": {str(k): v for k, v in sorted(last.items())}, "failed_clients": failed}
+                "client_accuracy": {str(k): v for k, v in sorted(last.items())}, **failure_fields(failed)}
 
     def ensemble_new_test(self, messages: list[Message], fed: Federation) -> dict:
         """Send ``messages`` (each client returns its own part once), then score the average of
         all returned models' logits (each over the current shared arrays) on the global test set."""
-        replies, failed = exchange(self.grid, messages, self.traffic, fed, "newtest")
+        replies, failed = self.exchange(messages, fed, "newtest")
         idx = torch.as_tensor(self.data.global_test, device=self.evaluator.test.y.device)
         x, y = self.evaluator.test.x[idx], self.evaluator.test.y[idx]
         logits = None
@@ -247,7 +258,7 @@ class Experiment:
             out = predict(self.evaluator.model, x).double()
             logits = out if logits is None else logits + out
         record = {"round": int(self.cfg.rounds), "phase": "newtest", "new_test_models": len(replies),
-                  "failed_clients": failed}
+                  **failure_fields(failed)}
         if logits is not None:
             record["new_test_accuracy"] = float((logits.argmax(dim=1) == y).double().mean())
             log(INFO, "[flrep] New Test (logits of %d local models averaged): %s", len(replies),
@@ -302,18 +313,23 @@ class Experiment:
                 or (required is not None and required(t)))
 
     # -- main loop ------------------------------------------------------------------------
-    def run(self) -> dict:
-        cfg = self.cfg
-        rounds = int(cfg.rounds)
-        log(INFO, "[flrep] %s: %s on %s, %d clients (%d per round), %d rounds -> %s",
-            cfg.experiment, cfg.algorithm, cfg.data.name, self.data.num_clients, self.num_sampled, rounds, self.out_dir)
-        fed = connect(self.grid, self.data.num_clients, self.traffic)
+    def start_federation(self) -> Federation:
+        """Connect to the nodes (handshake) and tell the strategy who they are (hooks)."""
+        fed = connect(self.grid, self.data.num_clients, self.traffic, float(self.cfg.faults.node_wait_s))
         observe = getattr(self.strategy, "observe_population", None)
         if observe is not None:
             observe({fed.node_of[p]: fed.train_size[p] for p in self.trainable})
         on_start = getattr(self.strategy, "on_start", None)
         if on_start is not None:
             on_start(self, fed)
+        return fed
+
+    def run(self) -> dict:
+        cfg = self.cfg
+        rounds = int(cfg.rounds)
+        log(INFO, "[flrep] %s: %s on %s, %d clients (%d per round), %d rounds -> %s",
+            cfg.experiment, cfg.algorithm, cfg.data.name, self.data.num_clients, self.num_sampled, rounds, self.out_dir)
+        fed = self.start_federation()
         loop_start = time.monotonic()
         prepare = getattr(self.strategy, "prepare_round", None)
         for t in range(1, rounds + 1):
@@ -401,7 +417,7 @@ class Experiment:
             "global_accuracy_last": evals[-1].get("global_accuracy") if evals else None,
             "final_window": window,
             "failed_client_replies": sum(len(r.get("failed_clients", [])) for r in self.recorder.records),
-            "rounds_without_update": sum(1 for r in trains if len(r["failed_clients"]) == len(r["clients"])),
+            "rounds_skipped": [r["round"] for r in trains if r.get("skipped")],
             "wall_time_s": time.monotonic() - self.start,
             "out_dir": str(self.out_dir),
         }

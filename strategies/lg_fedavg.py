@@ -115,6 +115,15 @@ class LGFedAvg(FedAvg):
             self.initialised.add(node)
         return messages
 
+    def reply_template(self, message: Message) -> dict[str, ArrayRecord]:
+        """The whole model in the FedAvg warm start, the global part in the LG phase (the first
+        LG message to a node also carries the local part it adopts, which never comes back)."""
+        arrays = message.content[ARRAYS]
+        if round_config(message.content).get(PHASE) != "lg":
+            return {ARRAYS: arrays}
+        groups = global_groups(list(dict.fromkeys(k.split(".", 1)[0] for k in arrays)), self.cfg)
+        return {ARRAYS: ArrayRecord({k: arrays[k] for k in arrays if k.split(".", 1)[0] in groups})}
+
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         return self._messages(server_round, arrays, config, grid, MessageType.TRAIN)

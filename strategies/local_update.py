@@ -163,12 +163,22 @@ class PseudoGradientAverage(FedAvg):
         self.weighting = weighting
         self.pseudo_gradient: dict[str, np.ndarray] | None = None
         self._sent: ArrayRecord | None = None
+        self.parameter_keys: set[str] = set()
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         self._sent = arrays
         config["server-round"] = server_round
         return super().configure_train(server_round, arrays, config, grid)
+
+    def on_start(self, experiment, fed) -> None:
+        """Learn which state keys are parameters: only they carry pseudo-gradients."""
+        self.parameter_keys = {name for name, _ in experiment.model.named_parameters()}
+
+    def reply_template(self, message: Message) -> dict[str, ArrayRecord]:
+        """A pseudo-gradient for every parameter of the model the client was sent."""
+        arrays = message.content[ARRAYS]
+        return {ARRAYS: ArrayRecord({k: arrays[k] for k in arrays if k in self.parameter_keys})}
 
     def average(self, replies: Iterable[Message]) -> MetricRecord | None:
         """Set ``pseudo_gradient`` to q_t of the valid replies; their aggregated metrics (None

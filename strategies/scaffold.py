@@ -58,6 +58,10 @@ class Scaffold(FedAvg):
         content = RecordDict({ARRAYS: arrays, CONTROL: ArrayRecord(dict(self.control)), CONFIG: config})
         return self._construct_messages(content, list(grid.get_node_ids()), MessageType.TRAIN)
 
+    def reply_template(self, message: Message) -> dict[str, ArrayRecord]:
+        """A client returns Δx and Δc_i, both shaped like the model it was sent."""
+        return {ARRAYS: message.content[ARRAYS], CONTROL: message.content[ARRAYS]}
+
     def client_share(self, node: int, num_examples: float) -> float:
         """π_i of one client: 1/N, or n_i/n (a node outside the population counts its reply's examples)."""
         if not self.population:

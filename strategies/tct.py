@@ -152,7 +152,7 @@ class TCT(FedAvg):
     def convexify(self, server_round: int, experiment, fed) -> dict:
         """eNTK features on every training client, moments -> standardisation, test features on
         the server; the server's arrays become W = 0."""
-        from flower_app.federation import exchange
+        from flower_app.federation import failure_fields
 
         cfg, start = self.cfg, time.monotonic()
         pids = experiment.trainable
@@ -160,7 +160,7 @@ class TCT(FedAvg):
         config = ConfigRecord({"variant": cfg.label, "server-round": server_round})
         messages = [Message(RecordDict({ARRAYS: experiment.arrays, CONFIG: config}), dst_node_id=n,
                             message_type="query.entk") for n in fed.nodes(pids)]
-        replies, failed = exchange(experiment.grid, messages, experiment.traffic, fed, "entk")
+        replies, failed = experiment.exchange(messages, fed, "entk")
         if not replies:
             raise RuntimeError(f"no client computed its eNTK features (failed: {failed})")
         if cfg.tct.normalize:
@@ -186,7 +186,7 @@ class TCT(FedAvg):
                   "feature_gib": sum(float(r.content[METRICS]["feature_bytes"]) for r in replies) / GIB,
                   "entk_client_seconds_max": max(seconds), "entk_samples_per_s": sum(
                       float(r.content[METRICS][NUM_EXAMPLES]) for r in replies) / max(sum(seconds), 1e-9),
-                  "convexify_seconds": time.monotonic() - start, "clients": pids, "failed_clients": failed}
+                  "convexify_seconds": time.monotonic() - start, "clients": pids, **failure_fields(failed)}
         log(INFO, "[flrep] convexified: %d clients' eNTK features (p=%d, %.1f samples/s per client), "
             "normalisation %s, %.1fs", len(replies), len(coords), record["entk_samples_per_s"],
             "on" if cfg.tct.normalize else "off", record["convexify_seconds"])
@@ -208,6 +208,13 @@ class TCT(FedAvg):
                 self.informed.add(node)
             messages.append(msg)
         return messages
+
+    def reply_template(self, message: Message) -> dict[str, ArrayRecord]:
+        """Stage 1: the model; stage 2: W (ΔW for SCAFFOLD, with Δc_i shaped like W)."""
+        arrays = message.content[ARRAYS]
+        if round_config(message.content).get(PHASE) == "linear" and self.cfg.tct.solver == "scaffold":
+            return {ARRAYS: arrays, CONTROL: arrays}
+        return {ARRAYS: arrays}
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:

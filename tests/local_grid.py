@@ -3,13 +3,14 @@
 Each node has its own ``Context`` (node config with its partition id, persistent state),
 so the ServerApp's ``Experiment`` and the algorithms' server and client halves run exactly
 as in simulation, only without the SuperLink and Ray start-up. ``sent`` and ``replies``
-keep every message for inspection; ``fail`` makes chosen partitions raise; ``reverse``
-returns the replies in reverse order.
+keep every message for inspection; ``fail`` makes chosen partitions raise; ``corrupt``
+alters chosen partitions' training replies (a function of the reply content, by partition id);
+``reverse`` returns the replies in reverse order.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from uuid import uuid4
 
 from flwr.app import Context, Error, Message, RecordDict
@@ -23,7 +24,8 @@ from flower_app.client_app import app as client_app
 class LocalGrid(Grid):
     """``num_nodes`` nodes serving partitions ``0..num_nodes-1`` of one run config."""
 
-    def __init__(self, num_nodes: int, run_config: dict, fail: Iterable[int] = (), reverse: bool = False) -> None:
+    def __init__(self, num_nodes: int, run_config: dict, fail: Iterable[int] = (), reverse: bool = False,
+                 corrupt: Mapping[int, Callable[[RecordDict], None]] | None = None) -> None:
         TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, SUPERLINK_NODE_ID
         self.node_ids = [1000 + i for i in range(num_nodes)]
         self.contexts = {
@@ -37,6 +39,7 @@ class LocalGrid(Grid):
             for pid, node in enumerate(self.node_ids)
         }
         self.fail = set(fail)
+        self.corrupt = dict(corrupt or {})
         self.reverse = reverse  # deliver replies in reverse order (as a real federation may)
         self.sent: list[Message] = []
         self.replies: list[Message] = []
@@ -76,6 +79,8 @@ class LocalGrid(Grid):
                 except Exception as exc:  # the simulation runtime turns exceptions into error replies
                     rep = Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
             rep.metadata.__dict__["_src_node_id"] = msg.metadata.dst_node_id
+            if pid in self.corrupt and msg.metadata.message_type == "train" and not rep.has_error():
+                self.corrupt[pid](rep.content)
             self.replies.append(rep)
             out.append(rep)
         return out[::-1] if self.reverse else out

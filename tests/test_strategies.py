@@ -106,7 +106,9 @@ class FakeGrid:
     def __init__(self, answer):
         self.answer = answer
 
-    def send_and_receive(self, messages):
+    def send_and_receive(self, messages, timeout=None):
+        for i, msg in enumerate(messages):
+            msg.metadata.__dict__["_message_id"] = f"m{i}"
         return [r for r in (self.answer(m) for m in messages) if r is not None]
 
 
@@ -125,7 +127,7 @@ def test_failed_clients_are_logged_and_left_out_of_the_aggregate():
 
     msgs = [Message(RecordDict({CONFIG: ConfigRecord()}), dst_node_id=n, message_type="train") for n in (100, 101, 102)]
     good, failed = exchange(FakeGrid(answer), msgs, Traffic(), fed, "train")
-    assert failed == [1, 2]
+    assert list(failed) == [1, 2] and failed[1].startswith("error") and failed[2] == "no reply"
     aggregated, _ = ALGORITHMS["fedavg"].make_strategy(load_config("quickstart")).aggregate_train(1, good)
     np.testing.assert_allclose(aggregated["w"].numpy(), np.ones(2))
 
