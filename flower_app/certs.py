@@ -32,6 +32,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from task.errors import ConfigError
+
 CURVE = ec.SECP384R1
 CLOCK_SKEW = dt.timedelta(minutes=5)
 
@@ -74,19 +76,32 @@ def make_deployment_keys(
     server_key = ec.generate_private_key(CURVE())
     server_cert = _server_certificate(server_key, ca_cert, ca_key, hosts, validity)
 
-    keys = DeploymentKeys(
-        ca=out / "ca.crt",
-        ca_key=ca_key_path,
-        server_cert=out / "server.pem",
-        server_key=out / "server.key",
-        node_keys=[(out / f"node-{i}.key", out / f"node-{i}.pub") for i in range(nodes)],
-    )
+    keys = deployment_key_paths(out, nodes)
     _write_certificate(keys.ca, ca_cert)
     _write_private(keys.ca_key, _pem_private_bytes(ca_key))
     _write_certificate(keys.server_cert, server_cert)
     _write_private(keys.server_key, _pem_private_bytes(server_key))
     for private_path, public_path in keys.node_keys:
         _write_node_key_pair(private_path, public_path)
+    return keys
+
+
+def deployment_key_paths(out: Path, nodes: int) -> DeploymentKeys:
+    """Where :func:`make_deployment_keys` puts the files of a deployment of ``nodes`` SuperNodes."""
+    out = Path(out)
+    return DeploymentKeys(ca=out / "ca.crt", ca_key=out / "ca.key", server_cert=out / "server.pem",
+                          server_key=out / "server.key",
+                          node_keys=[(out / f"node-{i}.key", out / f"node-{i}.pub") for i in range(nodes)])
+
+
+def load_deployment_keys(out: Path, nodes: int) -> DeploymentKeys:
+    """The files of an earlier :func:`make_deployment_keys`; ConfigError naming a missing one."""
+    keys = deployment_key_paths(out, nodes)
+    needed = [keys.ca, keys.server_cert, keys.server_key] + [p for pair in keys.node_keys for p in pair]
+    missing = [str(p) for p in needed if not p.is_file()]
+    if missing:
+        raise ConfigError(f"TLS files missing: {', '.join(missing[:4])} (create them with "
+                          f"'flrep certs --out {out} --nodes {nodes}')")
     return keys
 
 

@@ -12,25 +12,56 @@ from pathlib import Path
 from task.errors import ConfigError
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
+def _prepare(args: argparse.Namespace, extra: list[str] = ()):
+    """Overrides (with ``--out``) and the validated first variant; None after printing a config error."""
     from flower_app.config import load_variants, validate_with_data
-    from flower_app.simulation import run_blocking
 
-    overrides = list(args.overrides)
+    overrides = list(args.overrides) + list(extra)
     if args.out:
-        out = Path(args.out).expanduser().resolve()
-        overrides.append(f"out_dir={out}")
+        overrides.append(f"out_dir={Path(args.out).expanduser().resolve()}")
     try:
         variants = load_variants(args.experiment, overrides)
         for variant in variants:
             validate_with_data(variant)
-        cfg = variants[0]
     except ConfigError as err:
         print(f"flrep: configuration error: {err}", file=sys.stderr)
-        return 2
-    out = Path(cfg.out_dir) if cfg.out_dir else None
+        return None
+    return overrides, variants[0]
+
+
+def _outcome(out: Path | None) -> int:
+    """0 when the run wrote a completed summary (or has no output directory to check)."""
+    if out is None:
+        return 0
+    summary_path = out / "summary.json"
+    if not summary_path.is_file():
+        print(f"flrep: run failed: no {summary_path} was written", file=sys.stderr)
+        return 1
+    status = json.loads(summary_path.read_text()).get("status")
+    if status != "completed":
+        print(f"flrep: run failed: status {status!r} in {summary_path}", file=sys.stderr)
+        return 1
+    print(f"flrep: outputs in {out}")
+    return 0
+
+
+def _out_dir(cfg) -> Path | None:
+    """The run's output directory (its old summary removed), when it is known in advance."""
+    where = cfg.resume or cfg.out_dir
+    out = Path(str(where)).expanduser().resolve() if where else None
     if out is not None and (out / "summary.json").exists():
         (out / "summary.json").unlink()
+    return out
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from flower_app.simulation import run_blocking
+
+    prepared = _prepare(args)
+    if prepared is None:
+        return 2
+    overrides, cfg = prepared
+    out = _out_dir(cfg)
     try:
         run_blocking(args.experiment, overrides, int(cfg.data.num_clients),
                      float(cfg.simulation.client_cpus), float(cfg.simulation.client_gpus))
@@ -38,16 +69,63 @@ def _cmd_run(args: argparse.Namespace) -> int:
         traceback.print_exc()
         print(f"flrep: run failed: {type(err).__name__}: {err}", file=sys.stderr)
         return 1
-    if out is not None:
-        summary_path = out / "summary.json"
-        if not summary_path.is_file():
-            print(f"flrep: run failed: no {summary_path} was written", file=sys.stderr)
-            return 1
-        status = json.loads(summary_path.read_text()).get("status")
-        if status != "completed":
-            print(f"flrep: run failed: status {status!r} in {summary_path}", file=sys.stderr)
-            return 1
-        print(f"flrep: outputs in {out}")
+    return _outcome(out)
+
+
+def _cmd_deploy(args: argparse.Namespace) -> int:
+    from flower_app.certs import load_deployment_keys
+    from flower_app.deployment import LocalDeployment
+
+    prepared = _prepare(args, [f"data.num_clients={args.nodes}"])
+    if prepared is None:
+        return 2
+    overrides, cfg = prepared
+    out = _out_dir(cfg) or Path("outputs") / f"{args.experiment}-deploy"
+    try:
+        keys = load_deployment_keys(Path(args.tls), args.nodes) if args.tls else None
+        with LocalDeployment(out / "deployment", keys) as deployment:
+            deployment.start_superlink()
+            for i in range(args.nodes):
+                node = {"partition-id": i, "num-partitions": args.nodes}
+                if args.node_data:
+                    node["data-path"] = str(Path(args.node_data).resolve() / f"node-{i}")
+                key = None
+                if keys is not None:
+                    key = keys.node_keys[i][0]
+                    deployment.register(keys.node_keys[i][1])
+                deployment.start_supernode(i, node, key)
+            print(f"flrep: SuperLink on {deployment.address} with {args.nodes} SuperNodes; logs in {deployment.work}")
+            deployment.run(args.experiment, overrides + [f"out_dir={out.resolve()}"])
+    except ConfigError as err:
+        print(f"flrep: configuration error: {err}", file=sys.stderr)
+        return 2
+    except BaseException as err:  # noqa: BLE001 - report any failure as a non-zero exit
+        traceback.print_exc()
+        print(f"flrep: deployment failed: {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
+    return _outcome(out.resolve())
+
+
+def _cmd_certs(args: argparse.Namespace) -> int:
+    from flower_app.certs import make_deployment_keys
+
+    keys = make_deployment_keys(Path(args.out), args.nodes, args.host, force=args.force)
+    print(f"flrep: CA {keys.ca}, SuperLink certificate {keys.server_cert} (hosts {', '.join(args.host)}), "
+          f"{len(keys.node_keys)} SuperNode key pairs node-<i>.key / node-<i>.pub in {Path(args.out).resolve()}")
+    return 0
+
+
+def _cmd_split_data(args: argparse.Namespace) -> int:
+    from flower_app.config import load_config
+    from task.node_data import write_partitions
+
+    try:
+        cfg = load_config(args.experiment, list(args.overrides))
+        folders = write_partitions(cfg.data, int(cfg.seed), Path(args.out))
+    except ConfigError as err:
+        print(f"flrep: configuration error: {err}", file=sys.stderr)
+        return 2
+    print(f"flrep: {len(folders)} node data folders ({cfg.data.name} format) in {Path(args.out).resolve()}")
     return 0
 
 
@@ -80,6 +158,27 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. rounds=5 train.lr=0.1")
     run.add_argument("--out", help="output directory (default: outputs/<experiment>-<timestamp>)")
     run.set_defaults(func=_cmd_run)
+    dep = sub.add_parser("deploy", help="run an experiment on a real local deployment: a SuperLink and N SuperNodes "
+                                        "on loopback, stopped afterwards")
+    dep.add_argument("experiment", help="name of a file in conf/experiment/ (without .yaml)")
+    dep.add_argument("overrides", nargs="*", help="dotted key=value overrides")
+    dep.add_argument("--nodes", type=int, required=True, help="number of SuperNodes (= data.num_clients)")
+    dep.add_argument("--out", help="output directory (logs of the processes in <out>/deployment)")
+    dep.add_argument("--tls", help="directory made by 'flrep certs': TLS and SuperNode authentication")
+    dep.add_argument("--node-data", help="directory made by 'flrep split-data': each SuperNode loads node-<i>/")
+    dep.set_defaults(func=_cmd_deploy)
+    crt = sub.add_parser("certs", help="create a CA, the SuperLink's TLS certificate and SuperNode key pairs")
+    crt.add_argument("--out", required=True, help="directory for the files")
+    crt.add_argument("--nodes", type=int, required=True, help="number of SuperNode key pairs")
+    crt.add_argument("--host", nargs="+", default=["127.0.0.1", "localhost"],
+                     help="SuperLink addresses the certificate is valid for (IPs and names)")
+    crt.add_argument("--force", action="store_true", help="replace an existing CA")
+    crt.set_defaults(func=_cmd_certs)
+    spl = sub.add_parser("split-data", help="write each client's partition as its own dataset folder (node-<i>/)")
+    spl.add_argument("experiment", help="name of a file in conf/experiment/ (without .yaml)")
+    spl.add_argument("overrides", nargs="*", help="dotted key=value overrides")
+    spl.add_argument("--out", required=True, help="directory for the node folders")
+    spl.set_defaults(func=_cmd_split_data)
     lst = sub.add_parser("list", help="list experiments and algorithms")
     lst.set_defaults(func=_cmd_list)
     syn = sub.add_parser("lg-synthetic", help="LG-FedAvg Fig. 2/4: local, global and interpolated linear models")

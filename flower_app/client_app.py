@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
 import torch
 from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
+from flower_app.client_checkpoint import snapshot_mod
 from flower_app.config import head_groups, initial_model, pick_device, run_config_of
 from strategies import ALGORITHMS
 from strategies.common import ClientRuntime, reply, round_config
@@ -21,9 +23,11 @@ from strategies.new_clients import adapt_head
 from strategies.tct import compute_entk
 from task.engine import TensorData
 from task.fairness import attribute_matrix
-from task.federated_data import build_federated_data
+from task.errors import ConfigError
+from task.federated_data import FederatedData, build_federated_data
+from task.node_data import check_node_data, load_node_data
 
-app = ClientApp()
+app = ClientApp(mods=[snapshot_mod])
 
 
 _device_data: dict[int, tuple] = {}
@@ -40,13 +44,20 @@ def _data_on_device(fed, device: torch.device) -> tuple[TensorData, TensorData]:
     return _device_data[key][1], _device_data[key][2]
 
 
+def _own_data(cfg, data_path: str) -> FederatedData:
+    """A SuperNode's own dataset (node config ``data-path``) as a one-client federation."""
+    bundle = load_node_data(cfg.data, data_path)
+    return FederatedData(bundle, [np.arange(len(bundle.train))], [np.arange(len(bundle.test))],
+                         global_test=np.arange(0), new_clients=[])
+
+
 @functools.lru_cache(maxsize=16)
-def _worker_cache(experiment: str, overrides: str, label: str | None):
+def _worker_cache(experiment: str, overrides: str, label: str | None, data_path: str | None):
     """Config, data tensors on the device, model and initial weights (per process and variant)."""
     cfg = run_config_of({"experiment": experiment, "overrides": overrides}, label)
     torch.set_num_threads(max(1, int(cfg.simulation.client_cpus)))
     device = pick_device(cfg)
-    fed = build_federated_data(cfg.data, int(cfg.seed))
+    fed = _own_data(cfg, data_path) if data_path else build_federated_data(cfg.data, int(cfg.seed))
     train, test = _data_on_device(fed, device)
     model = initial_model(cfg, fed.bundle).to(device)
     head = head_groups(cfg, model)
@@ -58,14 +69,19 @@ def runtime_for(context: Context, content: RecordDict | None = None) -> ClientRu
     """This client's runtime for the run variant named in ``content`` (default: the first)."""
     rc = context.run_config
     label = round_config(content).get("variant") if content is not None else None
+    if "partition-id" not in context.node_config:
+        raise ConfigError("node config: partition-id is missing (start the SuperNode with "
+                          "--node-config \"partition-id=<i> data-path=<dir>\")")
+    data_path = str(context.node_config["data-path"]) if "data-path" in context.node_config else None
     cfg, fed, train, test, model, head, initial, device = _worker_cache(
-        str(rc.get("experiment", "quickstart")), str(rc.get("overrides", "")), label
+        str(rc.get("experiment", "quickstart")), str(rc.get("overrides", "")), label, data_path
     )
     pid = int(context.node_config["partition-id"])
-    if not 0 <= pid < fed.num_clients:
-        raise ValueError(f"partition-id {pid} outside the {fed.num_clients} clients of data.num_clients")
-    train_idx = torch.as_tensor(fed.client_train[pid], device=device)
-    test_idx = torch.as_tensor(fed.client_test[pid], device=device)
+    if data_path is None and not 0 <= pid < fed.num_clients:
+        raise ConfigError(f"node config: partition-id {pid} is outside the {fed.num_clients} clients of data.num_clients")
+    index = 0 if data_path else pid
+    train_idx = torch.as_tensor(fed.client_train[index], device=device)
+    test_idx = torch.as_tensor(fed.client_test[index], device=device)
     return ClientRuntime(
         cfg=cfg,
         partition_id=pid,
@@ -79,14 +95,24 @@ def runtime_for(context: Context, content: RecordDict | None = None) -> ClientRu
         state=context.state,
         run_id=int(context.run_id),
         node_id=int(context.node_id),
+        state_dir=str(context.node_config["state-dir"]) if "state-dir" in context.node_config else None,
     )
 
 
 @app.query("info")
 def info(msg: Message, context: Context) -> Message:
-    """Handshake: which partition this node serves and how much data it holds."""
-    rt = runtime_for(context)
-    content = reply(None, **{"partition-id": rt.partition_id, "num-train": len(rt.train), "num-test": len(rt.test)})
+    """Handshake: which partition this node serves, how much data it holds and whether the data is
+    its own (node config ``data-path``, checked against the run's input shape and classes)."""
+    rt = runtime_for(context, msg.content)
+    config = round_config(msg.content)
+    own = "data-path" in context.node_config
+    if own and "input-shape" in config:
+        bundle = _worker_cache(str(context.run_config.get("experiment", "quickstart")),
+                               str(context.run_config.get("overrides", "")), config.get("variant"),
+                               str(context.node_config["data-path"]))[1].bundle
+        check_node_data(bundle, tuple(config["input-shape"]), int(config["num-classes"]), context.node_config["data-path"])
+    content = reply(None, **{"partition-id": rt.partition_id, "num-train": len(rt.train), "num-test": len(rt.test),
+                             "own-data": float(own)})
     return Message(content=content, reply_to=msg)
 
 

@@ -6,7 +6,7 @@ import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from logging import WARNING
+from logging import INFO, WARNING
 
 import numpy as np
 from flwr.app import ConfigRecord, Message, RecordDict
@@ -80,6 +80,7 @@ class Federation:
 
     node_of: dict[int, int]  # partition id -> node id
     train_size: dict[int, int] = field(default_factory=dict)  # partition id -> training examples
+    own_data: bool = False  # the nodes hold their own data (node config data-path): they evaluate themselves
     pid_of: dict[int, int] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -89,37 +90,77 @@ class Federation:
         return [self.node_of[p] for p in pids]
 
 
-def connect(grid: Grid, num_clients: int, traffic: Traffic, wait_s: float = NODE_WAIT_S) -> Federation:
-    """Wait for ``num_clients`` nodes, ask each which partition it serves, check the mapping."""
+def connect(grid: Grid, num_clients: int, traffic: Traffic, wait_s: float = NODE_WAIT_S,
+            handshake: ConfigRecord | None = None) -> Federation:
+    """Wait up to ``wait_s`` for ``num_clients`` nodes, ask each which partition it serves
+    (sending ``handshake``), check the mapping."""
     deadline = time.monotonic() + wait_s
     while len(nodes := list(grid.get_node_ids())) < num_clients and time.monotonic() < deadline:
         time.sleep(0.5)
     if len(nodes) != num_clients:
         raise ConfigError(
             f"data.num_clients: the run has {num_clients} clients but the federation has {len(nodes)} "
-            f"SuperNodes; start it with num-supernodes={num_clients} "
-            f"(flwr run . --federation-config \"num-supernodes={num_clients}\") or set data.num_clients={len(nodes)}"
+            f"SuperNodes after waiting faults.node_wait_s={wait_s:g} s; in simulation start it with "
+            f"num-supernodes={num_clients} (flwr run . --federation-config \"num-supernodes={num_clients}\"), "
+            f"in a deployment start {num_clients} SuperNodes, or set data.num_clients={len(nodes)}"
         )
-    messages = [
-        Message(RecordDict({CONFIG: ConfigRecord()}), dst_node_id=node, message_type="query.info") for node in nodes
-    ]
+    fed = Federation({}, {})
+    own: dict[int, bool] = {}
+    for pid, node, size, own[node] in _ask_partitions(grid, nodes, traffic, handshake):
+        if pid in fed.node_of:
+            raise ConfigError(f"partition-id {pid} is served by two nodes ({fed.node_of[pid]}, {node})")
+        fed.node_of[pid], fed.train_size[pid] = node, size
+    fed.__post_init__()
+    fed.own_data = any(own.values())
+    if fed.own_data and not all(own.values()):
+        lacking = sorted(fed.pid_of[n] for n, has in own.items() if not has)
+        raise ConfigError(f"node config: the SuperNodes of partitions {lacking[:10]} have no data-path while the others "
+                          "load their own data; give every SuperNode a data-path (or none)")
+    missing = sorted(set(range(num_clients)) - set(fed.node_of))
+    if missing:
+        raise ConfigError(f"data.num_clients: no node serves partition ids {missing[:10]}")
+    return fed
+
+
+def rejoin(grid: Grid, fed: Federation, traffic: Traffic, handshake: ConfigRecord | None = None) -> list[int]:
+    """Adopt nodes that connected after the start (a restarted SuperNode gets a new node id
+    but serves the same partition): handshake them and map their partitions to them.
+    Returns the partition ids that moved to a new node."""
+    new = [n for n in grid.get_node_ids() if n not in fed.pid_of]
+    if not new:
+        return []
+    moved = []
+    for pid, node, size, _ in _ask_partitions(grid, new, traffic, handshake, strict=False):
+        if pid not in fed.node_of:
+            log(WARNING, "node %d serves partition %d, which is not part of this run: ignored", node, pid)
+            continue
+        log(INFO, "[flrep] client %d rejoined on node %d (was node %d)", pid, node, fed.node_of[pid])
+        fed.node_of[pid], fed.train_size[pid] = node, size
+        moved.append(pid)
+    fed.__post_init__()
+    return moved
+
+
+def _ask_partitions(grid: Grid, nodes: list[int], traffic: Traffic, handshake: ConfigRecord | None,
+                    strict: bool = True) -> list[tuple[int, int, int, bool]]:
+    """(partition id, node id, training examples, own data) of every node that answers ``query.info``;
+    a failed answer raises at start (``strict``) and is logged later."""
+    messages = [Message(RecordDict({CONFIG: handshake or ConfigRecord()}), dst_node_id=node, message_type="query.info")
+                for node in nodes]
     traffic.sent(messages, "handshake")
     replies = list(grid.send_and_receive(messages))
     traffic.received(replies, "handshake")
-    node_of: dict[int, int] = {}
-    train_size: dict[int, int] = {}
+    out = []
     for rep in replies:
         if rep.has_error():
-            raise RuntimeError(f"node {rep.metadata.src_node_id} failed the start-up handshake: {rep.error.reason}")
-        pid = int(rep.content[METRICS]["partition-id"])
-        if pid in node_of:
-            raise ConfigError(f"partition-id {pid} is served by two nodes ({node_of[pid]}, {rep.metadata.src_node_id})")
-        node_of[pid] = rep.metadata.src_node_id
-        train_size[pid] = int(rep.content[METRICS]["num-train"])
-    missing = sorted(set(range(num_clients)) - set(node_of))
-    if missing:
-        raise ConfigError(f"data.num_clients: no node serves partition ids {missing[:10]}")
-    return Federation(node_of, train_size)
+            if strict:
+                raise RuntimeError(f"node {rep.metadata.src_node_id} failed the start-up handshake: {rep.error.reason}")
+            log(WARNING, "node %d failed its handshake: %s", rep.metadata.src_node_id, rep.error.reason)
+            continue
+        metrics = rep.content[METRICS]
+        out.append((int(metrics["partition-id"]), rep.metadata.src_node_id, int(metrics["num-train"]),
+                    bool(metrics.get("own-data", 0.0))))
+    return out
 
 
 def exchange(grid: Grid, messages: list[Message], traffic: Traffic, fed: Federation, phase: str,

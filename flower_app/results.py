@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +31,14 @@ def clean_json(value: Any) -> Any:
 class RunRecorder:
     """Writes a run's outputs as they happen."""
 
-    def __init__(self, out_dir: Path, cfg: DictConfig) -> None:
+    def __init__(self, out_dir: Path, cfg: DictConfig, records: Iterable[dict[str, Any]] = ()) -> None:
+        """Start ``out_dir``'s outputs; a resumed run passes the ``records`` of its checkpoint."""
         self.out_dir = out_dir
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
         self.metrics_path = out_dir / "metrics.jsonl"
-        self.metrics_path.write_text("")
-        self.records: list[dict[str, Any]] = []
+        self.records: list[dict[str, Any]] = list(records)
+        self.metrics_path.write_text("".join(json.dumps(r) + "\n" for r in self.records))
 
     def log(self, record: dict[str, Any]) -> None:
         """Append one record to ``metrics.jsonl``."""

@@ -10,14 +10,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 from omegaconf import DictConfig
 
+from flower_app import checkpoint
 from flower_app.comparison import comparison_table, write_comparison
 from flower_app.config import clients_per_round, pick_device, validate_with_data, variants_from_run_config
-from flower_app.federation import Federation, NodeSubset, Traffic, connect, exchange, failure_fields, metric_of
+from flower_app.federation import Federation, NodeSubset, Traffic, connect, exchange, failure_fields, metric_of, rejoin
 from flower_app.reply_check import TemplateFn, same_arrays_as_sent
 from flower_app.results import RunRecorder
 from flower_app.tracking import Tracker
@@ -40,7 +41,10 @@ EXTRA_PROGRESS = (("personalized_loss", "personalized loss"), ("representation_d
 
 
 def output_dir(cfg: DictConfig) -> Path:
-    """``out_dir``, or ``outputs/<experiment>-<timestamp>`` under the current directory."""
+    """``resume`` (a resumed run goes on writing where it started), ``out_dir``, or
+    ``outputs/<experiment>-<timestamp>`` under the current directory."""
+    if cfg.resume:
+        return Path(str(cfg.resume)).expanduser().resolve()
     if cfg.out_dir:
         return Path(str(cfg.out_dir)).expanduser().resolve()
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -114,10 +118,12 @@ class Experiment:
         held_out = set(self.data.new_clients) | {self.data.online_device}
         self.trainable = [p for p in range(self.data.num_clients) if p not in held_out]
         self.last_main_round = int(cfg.rounds)
+        self.main_done = False  # the main training rounds are over (online.start_accuracy may end them early)
         self.num_sampled = clients_per_round(cfg)
         self.traffic = Traffic()
         self.out_dir = output_dir(cfg)
-        self.recorder = RunRecorder(self.out_dir, cfg)
+        self.resumed = checkpoint.load(self.out_dir, cfg) if cfg.resume else None
+        self.recorder = RunRecorder(self.out_dir, cfg, self.resumed["records"] if self.resumed else ())
         self.name = f"{cfg.experiment}-{cfg.label}-s{cfg.seed}"
         self.tracker = Tracker(cfg, self.out_dir, self.name)
         self.evaluator = ServerEvaluator(self.data, self.model, cfg)
@@ -129,11 +135,43 @@ class Experiment:
         else:
             state = self.model.state_dict()
             self.arrays = ArrayRecord({k: state[k].detach().clone() for k in self.algorithm.shared_keys(self.model, cfg)})
+        self.next_round = 1
+        if self.resumed is not None:
+            self.restore(self.resumed)
+
+    def restore(self, saved: dict) -> None:
+        """Continue from a checkpoint: arrays, strategy state, traffic, rounds, elapsed time."""
+        self.arrays = ArrayRecord({k: Array(v) for k, v in saved["arrays"].items()})
+        self.strategy = checkpoint.unpickle_strategy(saved["strategy"])
+        self.traffic = Traffic(**saved["traffic"])
+        self.last_main_round, self.next_round = saved["last_main_round"], saved["round"] + 1
+        self.main_done = saved["main_done"]
+        self.start -= saved["elapsed_s"]
+        log(INFO, "[flrep] resuming %s after round %d", self.out_dir, saved["round"])
+
+    def handshake(self, restore_round: int = -1) -> ConfigRecord:
+        """What a node hears when it joins: the variant, where clients snapshot their state
+        after each round, and the round whose snapshot to restore (-1: none)."""
+        return ConfigRecord({"variant": self.cfg.label,
+                             "checkpoint-dir": str(checkpoint.checkpoint_dir(self.out_dir) / "clients"),
+                             "checkpoint-key": self.name, "restore-round": restore_round,
+                             "input-shape": [int(d) for d in self.data.bundle.input_shape],
+                             "num-classes": int(self.data.bundle.num_classes)})
+
+    def save_checkpoint(self, t: int, fed: Federation) -> None:
+        """The server checkpoint at the end of round ``t``."""
+        checkpoint.save(self.out_dir, {
+            "round": t, "config": checkpoint.plain_config(self.cfg), "arrays": checkpoint.arrays_state(self.arrays),
+            "strategy": checkpoint.strategy_bytes(self.strategy, fed.pid_of), "records": self.recorder.records,
+            "traffic": dict(vars(self.traffic)), "last_main_round": self.last_main_round, "main_done": self.main_done,
+            "elapsed_s": time.monotonic() - self.start})
 
     # -- phases ---------------------------------------------------------------------------
     def train_round(self, t: int, fed: Federation, pids: list[int] | None = None) -> dict:
         if pids is None:
             pids = sample_clients(self.trainable, self.num_sampled, int(self.cfg.seed), t)
+        if rejoin(self.grid, fed, self.traffic, self.handshake(restore_round=t - 1)):  # a restarted node
+            self.observe_population(fed)
         config = ConfigRecord({"lr": float(self.cfg.train.lr) * float(self.cfg.train.lr_decay) ** (t - 1),
                                "variant": self.cfg.label})
         messages = list(self.strategy.configure_train(t, self.arrays, config, NodeSubset(self.grid, fed.nodes(pids))))
@@ -195,7 +233,7 @@ class Experiment:
             record["global_accuracy"], record["global_loss"] = self.evaluator.global_metric()
         if self.evaluator.linear and self.algorithm.shared_keys is not None:
             record.update(self.evaluator.linear_metrics(self.arrays, tuple(self.trainable), self.algorithm.global_model))
-        if self.algorithm.evaluate is None and not self.fair:
+        if self.algorithm.evaluate is None and not self.fair and not fed.own_data:
             accs, losses = self.evaluator.per_client(pids)
             return accs, losses, {}
         config = ConfigRecord({"variant": self.cfg.label, "server-round": t, "postfit": self.fair and t == int(self.cfg.rounds)})
@@ -312,13 +350,20 @@ class Experiment:
         return (t % int(cfg.eval.every) == 0 or t > int(cfg.rounds) - int(cfg.eval.final_window) or t == 1
                 or (required is not None and required(t)))
 
-    # -- main loop ------------------------------------------------------------------------
-    def start_federation(self) -> Federation:
-        """Connect to the nodes (handshake) and tell the strategy who they are (hooks)."""
-        fed = connect(self.grid, self.data.num_clients, self.traffic, float(self.cfg.faults.node_wait_s))
+    def observe_population(self, fed: Federation) -> None:
+        """Tell the strategy every training client's node and size (hook)."""
         observe = getattr(self.strategy, "observe_population", None)
         if observe is not None:
             observe({fed.node_of[p]: fed.train_size[p] for p in self.trainable})
+
+    # -- main loop ------------------------------------------------------------------------
+    def start_federation(self) -> Federation:
+        """Connect to the nodes (handshake) and tell the strategy who they are (hooks)."""
+        fed = connect(self.grid, self.data.num_clients, self.traffic, float(self.cfg.faults.node_wait_s),
+                      self.handshake(self.next_round - 1 if self.resumed is not None else -1))
+        if self.resumed is not None:
+            checkpoint.restore_node_sets(self.strategy, fed.node_of)
+        self.observe_population(fed)
         on_start = getattr(self.strategy, "on_start", None)
         if on_start is not None:
             on_start(self, fed)
@@ -330,9 +375,9 @@ class Experiment:
         log(INFO, "[flrep] %s: %s on %s, %d clients (%d per round), %d rounds -> %s",
             cfg.experiment, cfg.algorithm, cfg.data.name, self.data.num_clients, self.num_sampled, rounds, self.out_dir)
         fed = self.start_federation()
-        loop_start = time.monotonic()
+        loop_start, first_round = time.monotonic(), self.next_round
         prepare = getattr(self.strategy, "prepare_round", None)
-        for t in range(1, rounds + 1):
+        for t in range(self.next_round, 0 if self.main_done else rounds + 1):
             phase_record = prepare(t, self, fed) if prepare is not None else None
             if phase_record is not None:
                 phase_record.update(self.traffic.as_dict(), elapsed_s=time.monotonic() - self.start)
@@ -349,7 +394,7 @@ class Experiment:
                 eval_record.update(self.traffic.as_dict(), elapsed_s=time.monotonic() - self.start)
                 self.recorder.log(eval_record)
                 self.tracker.log({f"eval/{k}": v for k, v in eval_record.items()}, step=t)
-                eta = (time.monotonic() - loop_start) / t * (rounds - t)
+                eta = (time.monotonic() - loop_start) / (t - first_round + 1) * (rounds - t)
                 extra = "".join(f" | {name} {_fmt(eval_record.get(key))}" for key, name in EXTRA_PROGRESS
                                 if eval_record.get(key) is not None
                                 and (key != "personalized_loss" or eval_record["personalized_accuracy"] is None))
@@ -358,9 +403,12 @@ class Experiment:
                     extra, time.monotonic() - self.start, eta)
                 goal = cfg.online.start_accuracy
                 if goal is not None and (eval_record.get("global_accuracy") or 0.0) >= goal:
-                    self.last_main_round = t
+                    self.last_main_round, self.main_done = t, True
                     log(INFO, "[flrep] global accuracy reached online.start_accuracy=%s at round %d", goal, t)
-                    break
+            self.main_done = self.main_done or t == rounds
+            self.save_checkpoint(t, fed)
+            if self.main_done:
+                break
         if int(cfg.online.rounds) > 0:
             self.online_phase(fed)
         finetune = None

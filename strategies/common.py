@@ -38,6 +38,7 @@ class ClientRuntime:
     state: RecordDict = field(default_factory=RecordDict)
     run_id: int = 0
     node_id: int = 0
+    state_dir: str | None = None  # the node config's state-dir: all state on disk, surviving restarts
 
     def optimizer(self, lr: float | None = None) -> OptimizerConfig:
         """The client optimizer of this run (``lr`` overrides the configured rate)."""

@@ -31,6 +31,7 @@ from strategies.common import (
     reply,
     round_config,
 )
+from strategies.state_store import keep_arrays, kept_arrays
 from task.engine import TrainResult, fit_head_least_squares, train_head_on_features
 
 HEAD_STATE = "head"
@@ -73,8 +74,7 @@ def make_strategy(cfg: DictConfig) -> Strategy:
 def load_own_head(rt: ClientRuntime) -> bool:
     """Load the client's kept head; the common initial head if it has none. True if kept."""
     keys = rt.head_keys()
-    name = rt.state_key(HEAD_STATE)
-    stored = rt.state[name].to_torch_state_dict() if name in rt.state else None
+    stored = kept_arrays(rt, HEAD_STATE)
     own = rt.model.state_dict()
     with torch.no_grad():
         for key in keys:
@@ -85,7 +85,8 @@ def load_own_head(rt: ClientRuntime) -> bool:
 
 def keep_head(rt: ClientRuntime) -> None:
     """Store the current head in the client state."""
-    rt.state[rt.state_key(HEAD_STATE)] = rt.arrays(rt.head_keys())
+    state = rt.model.state_dict()
+    keep_arrays(rt, HEAD_STATE, {k: state[k] for k in rt.head_keys()})
 
 
 def fit_head(rt: ClientRuntime, server_round: int, salt: int = 0, lr: float | None = None) -> TrainResult:

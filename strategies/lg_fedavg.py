@@ -69,6 +69,8 @@ def local_keys(model: SplitModel, cfg: DictConfig) -> list[str]:
 class LGFedAvg(FedAvg):
     """FedAvg warm start, then FedAvg of the global part with local parts kept on the clients."""
 
+    node_sets = ("initialised",)  # node-id sets (a checkpoint stores them as partition ids)
+
     def __init__(self, cfg: DictConfig, fedavg_rounds: int | None, goal_accuracy: float | None) -> None:
         super().__init__(**TAKE_ALL_NODES)
         self.cfg = cfg

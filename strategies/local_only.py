@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 
 from strategies.base import TAKE_ALL_NODES, Algorithm
 from strategies.common import CONFIG, METRICS, NUM_EXAMPLES, ClientRuntime, reply, round_config
+from strategies.state_store import keep_arrays, kept_arrays
 
 STATE_KEY = "local-model"
 
@@ -46,8 +47,9 @@ def make_strategy(cfg: DictConfig) -> Strategy:
 
 
 def _load_own_model(rt: ClientRuntime) -> None:
-    if rt.state_key(STATE_KEY) in rt.state:
-        rt.load(rt.state[rt.state_key(STATE_KEY)])
+    own = kept_arrays(rt, STATE_KEY)
+    if own is not None:
+        rt.model.load_state_dict(own)
     else:
         rt.reset_model()
 
@@ -56,7 +58,7 @@ def train_locally(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     """Train the client's own model for the configured local epochs and keep it."""
     _load_own_model(rt)
     result = rt.local_training(round_config(content))
-    rt.state[rt.state_key(STATE_KEY)] = rt.arrays()
+    keep_arrays(rt, STATE_KEY, rt.model.state_dict())
     return reply(None, train_loss=result.mean_loss, local_steps=result.steps, **{NUM_EXAMPLES: len(rt.train)})
 
 

@@ -2,37 +2,44 @@
 on the node's disk (only their path goes into the state), so big local models are not
 pickled through the simulation every round.
 
-Files live under ``client_state.dir`` (default ``<data.cache_dir>/client-state``) in one
-folder per run and node; ``client_state.disk_above_bytes`` is the size from which arrays go
-to disk.
+Files live in one folder per run and client (partition id, not node id: a restarted
+SuperNode gets a new node id but serves the same client) under the node config's
+``state-dir`` when the SuperNode has one, else under ``client_state.dir`` (default
+``<data.cache_dir>/client-state``). A node with a ``state-dir`` keeps all its state on
+disk, so a restarted SuperNode of the same run finds it again;
+``client_state.disk_above_bytes`` is otherwise the size from which arrays go to disk.
 """
 
 from __future__ import annotations
 
+from logging import INFO
 from pathlib import Path
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord
+from flwr.common.logger import log
 
 from strategies.common import ClientRuntime
 
 
-def state_root(cfg) -> Path:
-    """``client_state.dir``, or ``<data.cache_dir>/client-state``."""
+def state_root(cfg, node_state_dir: str | None = None) -> Path:
+    """The node's ``state-dir``, or ``client_state.dir``, or ``<data.cache_dir>/client-state``."""
+    if node_state_dir:
+        return Path(node_state_dir).expanduser()
     return Path(str(cfg.client_state.dir or Path(str(cfg.data.cache_dir)).expanduser() / "client-state")).expanduser()
 
 
 def node_file(rt: ClientRuntime, name: str, suffix: str = ".pt") -> Path:
-    """This run variant's file ``name`` in the node's state directory (one folder per run and node)."""
+    """This run variant's file ``name`` in the client's state directory (one folder per run and client)."""
     safe = rt.state_key(name).replace("/", "__")
-    return state_root(rt.cfg) / f"run{rt.run_id}-node{rt.node_id}" / f"{safe}{suffix}"
+    return state_root(rt.cfg, rt.state_dir) / f"run{rt.run_id}-client{rt.partition_id}" / f"{safe}{suffix}"
 
 
 def keep_arrays(rt: ClientRuntime, name: str, tensors: dict[str, torch.Tensor]) -> None:
     """Keep ``tensors`` for this client under ``name`` (memory or disk by size)."""
     size = sum(t.numel() * t.element_size() for t in tensors.values())
     key = rt.state_key(name)
-    if size <= int(rt.cfg.client_state.disk_above_bytes):
+    if rt.state_dir is None and size <= int(rt.cfg.client_state.disk_above_bytes):
         rt.state[key] = ArrayRecord({k: t.detach().cpu() for k, t in tensors.items()})
         return
     path = node_file(rt, name)
@@ -44,10 +51,16 @@ def keep_arrays(rt: ClientRuntime, name: str, tensors: dict[str, torch.Tensor]) 
 
 
 def kept_arrays(rt: ClientRuntime, name: str) -> dict[str, torch.Tensor] | None:
-    """The tensors kept under ``name``, or None if this client has none."""
+    """The tensors kept under ``name``, or None if this client has none. On a node with a
+    ``state-dir``, a client whose ``context.state`` is empty (its SuperNode restarted) finds
+    its files again."""
     key = rt.state_key(name)
     if key not in rt.state:
-        return None
+        path = node_file(rt, name)
+        if rt.state_dir is None or not path.is_file():
+            return None
+        log(INFO, "client %d: %s found on disk after a restart (%s)", rt.partition_id, name, path)
+        rt.state[key] = ConfigRecord({"path": str(path)})
     record = rt.state[key]
     if isinstance(record, ArrayRecord):
         return record.to_torch_state_dict()

@@ -103,6 +103,8 @@ def memory_plan(cfg: DictConfig, train_sizes: list[int], test_rows: int) -> str:
 class TCT(FedAvg):
     """FedAvg for T1 rounds, the convexify phase, then the stage-2 solver on W."""
 
+    node_sets = ("informed",)  # node-id sets (a checkpoint stores them as partition ids)
+
     def __init__(self, cfg: DictConfig) -> None:
         super().__init__(**TAKE_ALL_NODES)
         self.cfg = cfg
@@ -113,6 +115,7 @@ class TCT(FedAvg):
         self.informed: set[int] = set()  # nodes that hold the standardisation
         self.test: FeatureMatrix | None = None
         self.test_labels: torch.Tensor | None = None
+        self.test_path: Path | None = None  # the server's test features (on disk)
         self.warned = False  # the step-size warning is logged once
 
     def linear_stage(self, server_round: int) -> bool:
@@ -123,9 +126,20 @@ class TCT(FedAvg):
         if isinstance(self.stage2, Scaffold):
             self.stage2.observe_population(sizes)
 
+    def __getstate__(self) -> dict:
+        """A checkpoint keeps the path of the server's test features, not the open matrix."""
+        return {k: v for k, v in vars(self).items() if k not in ("test", "test_labels")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, test=None, test_labels=None)
+
     def on_start(self, experiment, fed) -> None:
         """State the feature memory before round 1; refuse a run whose stage-2 Gram matrix
-        (min(n_k, p)² per client) cannot fit in this machine's memory."""
+        (min(n_k, p)² per client) cannot fit in this machine's memory. A resumed stage 2
+        reopens the server's test features."""
+        if self.test_path is not None and self.test is None:
+            self._open_test(experiment, open_feature_file(self.test_path,
+                                                          dtype=FEATURE_DTYPES[str(self.cfg.tct.feature_dtype)]))
         sizes = [fed.train_size[p] for p in experiment.trainable]
         log(INFO, "[flrep] %s", memory_plan(self.cfg, sizes, len(experiment.evaluator.test)))
         side = min(max(sizes, default=0), int(self.cfg.tct.features))
@@ -176,9 +190,8 @@ class TCT(FedAvg):
         require_disk(path.parent, feature_bytes(len(evaluator.test), cfg), "the server's test features")
         raw = open_feature_file(path, (len(evaluator.test), len(coords)), FEATURE_DTYPES[str(cfg.tct.feature_dtype)])
         extract_features(net, evaluator.test.x, coords, raw, str(cfg.tct.entk_method), int(cfg.tct.entk_batch_size))
-        scale = self.standardization.to_torch_state_dict() if self.standardization is not None else {}
-        self.test = FeatureMatrix(raw, scale.get("mean"), scale.get("std"), evaluator.test.y.device)
-        self.test_labels = evaluator.test.y
+        self.test_path = path
+        self._open_test(experiment, raw)
         num_classes = int(experiment.data.bundle.num_classes)
         experiment.arrays = ArrayRecord({WEIGHTS: torch.zeros(len(coords), num_classes)})
         seconds = [float(r.content[METRICS]["entk_seconds"]) for r in replies]
@@ -191,6 +204,11 @@ class TCT(FedAvg):
             "normalisation %s, %.1fs", len(replies), len(coords), record["entk_samples_per_s"],
             "on" if cfg.tct.normalize else "off", record["convexify_seconds"])
         return record
+
+    def _open_test(self, experiment, raw: torch.Tensor) -> None:
+        scale = self.standardization.to_torch_state_dict() if self.standardization is not None else {}
+        self.test = FeatureMatrix(raw, scale.get("mean"), scale.get("std"), experiment.evaluator.test.y.device)
+        self.test_labels = experiment.evaluator.test.y
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
@@ -315,6 +333,7 @@ def local_problem(rt: ClientRuntime, content: RecordDict, num_classes: int) -> L
         spectrum = (kept_spectrum["values"], kept_spectrum["vectors"])
     else:
         spectrum = LocalLeastSquares.spectrum(features)
+        spectrum_path.parent.mkdir(parents=True, exist_ok=True)
         torch.save({"values": spectrum[0].cpu(), "vectors": spectrum[1].cpu()}, spectrum_path)
     targets = one_hot_targets(rt.train.y, num_classes, bool(rt.cfg.tct.centered_targets))
     return LocalLeastSquares(features, targets, spectrum)

@@ -5,7 +5,8 @@ so the ServerApp's ``Experiment`` and the algorithms' server and client halves r
 as in simulation, only without the SuperLink and Ray start-up. ``sent`` and ``replies``
 keep every message for inspection; ``fail`` makes chosen partitions raise; ``corrupt``
 alters chosen partitions' training replies (a function of the reply content, by partition id);
-``reverse`` returns the replies in reverse order.
+``reverse`` returns the replies in reverse order; ``run_id`` and ``first_node_id`` make a
+grid look like another run (as a resumed run is).
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ class LocalGrid(Grid):
     """``num_nodes`` nodes serving partitions ``0..num_nodes-1`` of one run config."""
 
     def __init__(self, num_nodes: int, run_config: dict, fail: Iterable[int] = (), reverse: bool = False,
-                 corrupt: Mapping[int, Callable[[RecordDict], None]] | None = None) -> None:
-        TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, SUPERLINK_NODE_ID
-        self.node_ids = [1000 + i for i in range(num_nodes)]
+                 corrupt: Mapping[int, Callable[[RecordDict], None]] | None = None, run_id: int = 1,
+                 first_node_id: int = 1000) -> None:
+        TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, run_id, SUPERLINK_NODE_ID
+        self.node_ids = [first_node_id + i for i in range(num_nodes)]
         self.contexts = {
             node: Context(
-                run_id=1,
+                run_id=run_id,
                 node_id=node,
                 node_config={"partition-id": pid, "num-partitions": num_nodes},
                 state=RecordDict(),

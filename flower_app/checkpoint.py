@@ -1,0 +1,130 @@
+"""Round checkpoints of the ServerApp and resuming a run from them.
+
+At the end of every round the server writes ``<out_dir>/checkpoint/server.pt`` (atomically):
+the global arrays, the strategy object with all its state (SCAFFOLD's c, server-optimizer
+moments, TCT's stage and standardisation ...; sets of node ids are stored as partition ids,
+because node ids change between runs), the round, the metrics records and traffic so far,
+and the RNG states. Client sampling is a pure function of (seed, round), so the sequence
+continues by itself; the sampled clients of every past round are in the records.
+
+Clients snapshot their own state after each training message (see
+:mod:`flower_app.client_checkpoint`); a resumed run's handshake tells them which round to
+restore.
+"""
+
+from __future__ import annotations
+
+import pickle
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord
+from omegaconf import DictConfig, OmegaConf
+
+from task.errors import ConfigError
+
+SERVER_FILE = "server.pt"
+#: Keys that may differ between a run and its resumption (where and how it runs, not what).
+MAY_DIFFER = ("resume", "out_dir", "wandb", "faults", "simulation", "client_state")
+
+
+def checkpoint_dir(out_dir: Path) -> Path:
+    """Where a run directory keeps its checkpoints."""
+    return out_dir / "checkpoint"
+
+
+def _node_sets(strategy: Any) -> list[tuple[Any, str]]:
+    """(object, attribute) of every set of node ids in the strategy and its inner strategies."""
+    found, stack = [], [strategy]
+    while stack:
+        obj = stack.pop()
+        for name in getattr(obj, "node_sets", ()):
+            found.append((obj, name))
+        stack.extend(v for v in vars(obj).values() if hasattr(v, "configure_train"))
+    return found
+
+
+def strategy_bytes(strategy: Any, pid_of: dict[int, int]) -> bytes:
+    """The pickled strategy, its node-id sets written as partition ids."""
+    sets = _node_sets(strategy)
+    kept = [getattr(obj, name) for obj, name in sets]
+    try:
+        for obj, name in sets:
+            setattr(obj, name, {pid_of[n] for n in getattr(obj, name) if n in pid_of})
+        return pickle.dumps(strategy)
+    finally:
+        for (obj, name), value in zip(sets, kept):
+            setattr(obj, name, value)
+
+
+def restore_node_sets(strategy: Any, node_of: dict[int, int]) -> None:
+    """Turn the partition ids of a restored strategy's node-id sets into this run's node ids."""
+    for obj, name in _node_sets(strategy):
+        setattr(obj, name, {node_of[p] for p in getattr(obj, name) if p in node_of})
+
+
+def save(out_dir: Path, state: dict[str, Any]) -> Path:
+    """Write the server checkpoint ``state`` atomically; its path."""
+    folder = checkpoint_dir(out_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / SERVER_FILE
+    tmp = path.with_suffix(".tmp")
+    state = dict(state, rng={"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+                             "python": random.getstate()})
+    torch.save(state, tmp)
+    tmp.replace(path)
+    return path
+
+
+def load(resume_dir: Path, cfg: DictConfig) -> dict[str, Any]:
+    """The checkpoint of ``resume_dir`` after checking that it belongs to the same run config;
+    restores the RNG states."""
+    path = checkpoint_dir(resume_dir) / SERVER_FILE
+    if not path.is_file():
+        raise ConfigError(f"resume={str(resume_dir)!r}: no checkpoint there (expected {path})")
+    state = torch.load(path, weights_only=False)
+    differing = config_differences(state["config"], cfg)
+    if differing:
+        raise ConfigError(f"resume={str(resume_dir)!r}: the checkpoint was written with other values of "
+                          f"{', '.join(differing[:10])}; resume with the run's own configuration")
+    rng = state["rng"]
+    torch.set_rng_state(rng["torch"])
+    np.random.set_state(rng["numpy"])
+    random.setstate(rng["python"])
+    return state
+
+
+def plain_config(cfg: DictConfig) -> dict[str, Any]:
+    """The resolved config as plain data (for the checkpoint)."""
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def config_differences(saved: dict[str, Any], cfg: DictConfig) -> list[str]:
+    """Dotted keys whose values differ between a checkpoint's config and ``cfg``."""
+    now = plain_config(cfg)
+    out: list[str] = []
+
+    def walk(a: Any, b: Any, prefix: str) -> None:
+        if isinstance(a, dict) and isinstance(b, dict):
+            for key in sorted(set(a) | set(b)):
+                if not prefix and key in MAY_DIFFER:
+                    continue
+                walk(a.get(key), b.get(key), f"{prefix}{key}.")
+        elif a != b:
+            out.append(prefix.rstrip("."))
+
+    walk(saved, now, "")
+    return out
+
+
+def arrays_state(arrays: ArrayRecord) -> dict[str, np.ndarray]:
+    """The global arrays as numpy (bit-exact)."""
+    return {k: a.numpy() for k, a in arrays.items()}
+
+
+def unpickle_strategy(data: bytes) -> Any:
+    """The strategy object of a checkpoint."""
+    return pickle.loads(data)

@@ -1,0 +1,118 @@
+"""Client-state snapshots, so a resumed run restores every client's state of its checkpoint round.
+
+A ClientApp mod: the start-up handshake (``query.info``) names the snapshot folder and, when
+the run resumes, the round to restore; after every training or evaluation
+message (and TCT's ``query.entk``) the client writes its state for the round, ``round<t>.pt`` under
+``<folder>/client<partition id>/`` (the newest two are kept). The folder is the node
+config's ``state-dir``/checkpoints/<run name> when the SuperNode has one, else the one the
+server names (``<out_dir>/checkpoint/clients``: simulation and loopback deployments share
+the server's disk). Arrays kept on disk are hard-linked into the snapshot (their files are
+replaced, never rewritten, so the link keeps the round's content).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from logging import INFO, WARNING
+from pathlib import Path
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message
+from flwr.clientapp.typing import ClientAppCallable
+from flwr.common.logger import log
+
+from strategies.common import CONFIG
+
+LOCATION = "flrep-checkpoint"  # context.state entry: where this node's snapshots go
+SNAPSHOT_TYPES = ("train", "evaluate", "query.entk")  # messages that may change client state
+KEEP = 2
+
+
+def snapshot_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """Restore on a resuming handshake; snapshot after each state-changing message."""
+    kind = msg.metadata.message_type
+    config = msg.content[CONFIG] if CONFIG in msg.content.config_records else ConfigRecord()
+    if kind == "query.info" and "checkpoint-dir" in config:
+        _remember(context, config)
+    reply = call_next(msg, context)
+    if kind in SNAPSHOT_TYPES and not reply.has_error() and LOCATION in context.state:
+        _snapshot(context, str(config.get("variant", "")), int(config.get("server-round", 0)))
+    return reply
+
+
+def _client_dir(context: Context) -> Path:
+    where = context.state[LOCATION]
+    return Path(str(where["dir"])) / f"client{int(context.node_config['partition-id'])}"
+
+
+def _remember(context: Context, config: ConfigRecord) -> None:
+    folder = Path(str(config["checkpoint-dir"]))
+    if "state-dir" in context.node_config:
+        folder = Path(str(context.node_config["state-dir"])).expanduser() / "checkpoints" / str(config["checkpoint-key"])
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        log(WARNING, "client state is not snapshotted (%s): a resumed run starts this client afresh; give the "
+            "SuperNode a state-dir in its node config", err)
+        return
+    context.state[LOCATION] = ConfigRecord({"dir": str(folder)})
+    restore = int(config.get("restore-round", -1))
+    if restore >= 0:
+        restore_snapshot(context, str(config.get("variant", "")), restore)
+
+
+def _variant_keys(context: Context, variant: str) -> list[str]:
+    return [k for k in context.state.keys() if k.startswith(f"{variant}/")]
+
+
+def _snapshot(context: Context, variant: str, server_round: int) -> None:
+    folder = _client_dir(context)
+    folder.mkdir(parents=True, exist_ok=True)
+    files = folder / f"round{server_round:06d}.files"
+    shutil.rmtree(files, ignore_errors=True)
+    entries: dict[str, dict] = {}
+    for key in _variant_keys(context, variant):
+        record = context.state[key]
+        if isinstance(record, ArrayRecord):
+            entries[key] = {"arrays": record.to_torch_state_dict()}
+        elif isinstance(record, ConfigRecord):
+            config = dict(record.items())
+            if "path" in config:
+                files.mkdir(parents=True, exist_ok=True)
+                source = Path(str(config["path"]))
+                target = files / f"{key.replace('/', '__')}{source.suffix}"
+                _link_or_copy(source, target)
+                config["path"] = str(target)
+            entries[key] = {"config": config}
+    path = folder / f"round{server_round:06d}.pt"
+    tmp = path.with_suffix(".tmp")
+    torch.save({"variant": variant, "entries": entries}, tmp)
+    tmp.replace(path)
+    for old in sorted(folder.glob("round*.pt"))[:-KEEP]:
+        old.unlink()
+        shutil.rmtree(old.with_suffix(".files"), ignore_errors=True)
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+def restore_snapshot(context: Context, variant: str, server_round: int) -> int | None:
+    """Replace this variant's client state by its newest snapshot of a round <= ``server_round``
+    (no snapshot: the client had not trained by then, so its state is empty). The round restored."""
+    for key in _variant_keys(context, variant):
+        del context.state[key]
+    folder = _client_dir(context)
+    rounds = [int(p.stem[5:]) for p in folder.glob("round*.pt") if int(p.stem[5:]) <= server_round]
+    if not rounds:
+        return None
+    found = max(rounds)
+    saved = torch.load(folder / f"round{found:06d}.pt", weights_only=False)
+    for key, entry in saved["entries"].items():
+        context.state[key] = ArrayRecord(entry["arrays"]) if "arrays" in entry else ConfigRecord(entry["config"])
+    log(INFO, "client %s: state of round %d restored", context.node_config["partition-id"], found)
+    return found

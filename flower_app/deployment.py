@@ -1,0 +1,172 @@
+"""A real Flower deployment on this machine: one ``flower-superlink``, N ``flower-supernode``
+processes on loopback, an experiment submitted with ``flwr run``, then a clean shutdown of
+exactly the processes it started (each in its own process group).
+
+Insecure by default; with the keys of :func:`flower_app.certs.make_deployment_keys` the
+SuperLink serves TLS with SuperNode authentication and every SuperNode's public key is
+registered before it starts. Logs go to ``<work>/<process>.log``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from flower_app.certs import DeploymentKeys
+from task.errors import ConfigError
+
+APP_DIR = Path(__file__).resolve().parents[1]
+CONNECTION = "flrep-local"
+ENV = {"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_port(address: str, seconds: float, what: str, process: subprocess.Popen | None = None,
+                  log: Path | None = None) -> None:
+    """Wait until ``host:port`` accepts connections; a clear error when it never does."""
+    host, port = address.rsplit(":", 1)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"{what} exited with status {process.returncode}{_log_tail(log)}")
+        try:
+            with socket.create_connection((host, int(port)), timeout=1.0):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise ConfigError(f"{what} at {address} is unreachable after {seconds:g} s{_log_tail(log)}")
+
+
+def _log_tail(log: Path | None, lines: int = 8) -> str:
+    if log is None or not log.is_file():
+        return ""
+    return "; its log ends:\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def check_files(**paths: Path | None) -> None:
+    """Every given file must exist (named by its option in the error)."""
+    for option, path in paths.items():
+        if path is not None and not Path(path).is_file():
+            raise ConfigError(f"{option.replace('_', '-')}: {path} does not exist")
+
+
+class LocalDeployment:
+    """SuperLink + SuperNodes on loopback; use as a context manager (stops what it started)."""
+
+    def __init__(self, work: Path, keys: DeploymentKeys | None = None) -> None:
+        self.work = work.resolve()
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.keys = keys
+        if keys is not None:
+            check_files(ssl_ca_certfile=keys.ca, ssl_certfile=keys.server_cert, ssl_keyfile=keys.server_key)
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.home = self.work / "flwr-home"
+        self._write_connection()
+
+    def __enter__(self) -> LocalDeployment:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _env(self) -> dict[str, str]:
+        return {**os.environ, **ENV, "FLWR_HOME": str(self.home)}
+
+    def _write_connection(self) -> None:
+        """The ``flwr`` CLI's connection to this SuperLink (in a private FLWR_HOME)."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        security = (f'root-certificates = "{self.keys.ca.resolve()}"' if self.keys is not None else "insecure = true")
+        (self.home / "config.toml").write_text(
+            f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\naddress = "{self.address}"\n{security}\n')
+
+    def _start(self, name: str, args: list[str]) -> subprocess.Popen:
+        log = self.work / f"{name}.log"
+        with log.open("w") as fh:
+            process = subprocess.Popen(args, stdout=fh, stderr=subprocess.STDOUT, env=self._env(), cwd=APP_DIR,
+                                       start_new_session=True)
+        self.processes[name] = process
+        return process
+
+    def start_superlink(self, wait_s: float = 60.0) -> None:
+        """Start the SuperLink and wait until its port answers."""
+        args = ["flower-superlink", "--port", str(self.port), "--disable-runtime-dependency-installation"]
+        if self.keys is None:
+            args.append("--insecure")
+        else:
+            args += ["--ssl-ca-certfile", str(self.keys.ca), "--ssl-certfile", str(self.keys.server_cert),
+                     "--ssl-keyfile", str(self.keys.server_key), "--enable-supernode-auth"]
+        process = self._start("superlink", args)
+        wait_for_port(self.address, wait_s, "the SuperLink", process, self.work / "superlink.log")
+
+    def register(self, public_key: Path) -> int:
+        """Register a SuperNode's public key with the SuperLink; its node id."""
+        out = subprocess.run(["flwr", "supernode", "register", str(public_key), CONNECTION, "--format", "json"],
+                             capture_output=True, text=True, env=self._env(), cwd=APP_DIR, timeout=60)
+        try:
+            answer = json.loads(out.stdout)
+        except json.JSONDecodeError:
+            answer = {"success": False, "error-message": out.stdout + out.stderr}
+        if not answer.get("success"):
+            raise RuntimeError(f"registering {public_key} failed: {answer.get('error-message')}")
+        return int(answer["node-id"])
+
+    def start_supernode(self, index: int, node_config: dict[str, object], private_key: Path | None = None,
+                        name: str | None = None) -> subprocess.Popen:
+        """Start SuperNode ``index`` with ``node_config`` (authenticated with ``private_key`` under TLS)."""
+        args = ["flower-supernode", "--superlink", self.address, "--port", str(free_port()),
+                "--node-config", node_config_text(node_config)]
+        if self.keys is None:
+            args.append("--insecure")
+        else:
+            args += ["--root-certificates", str(self.keys.ca)]
+            if private_key is not None:
+                check_files(auth_supernode_private_key=private_key)
+                args += ["--auth-supernode-private-key", str(private_key)]
+        return self._start(name or f"supernode-{index}", args)
+
+    def run(self, experiment: str, overrides: list[str], timeout_s: float | None = None) -> None:
+        """Submit the experiment to the SuperLink and stream its logs until it ends."""
+        config = f"experiment={json.dumps(experiment)} overrides={json.dumps(shlex.join(overrides))}"
+        args = ["flwr", "run", str(APP_DIR), CONNECTION, "--run-config", config, "--stream"]
+        with (self.work / "run.log").open("w") as fh:
+            subprocess.run(args, env=self._env(), cwd=APP_DIR, timeout=timeout_s, stdout=fh, stderr=subprocess.STDOUT)
+
+    def stop(self, name: str | None = None) -> None:
+        """Stop one process (by name) or all of them, SuperNodes first; SIGTERM, then SIGKILL."""
+        names = [name] if name is not None else sorted(self.processes, key=lambda n: n == "superlink")
+        for key in names:
+            process = self.processes.pop(key)
+            if process.poll() is None:
+                _signal_group(process, signal.SIGTERM)
+                try:
+                    process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    _signal_group(process, signal.SIGKILL)
+                    process.wait(timeout=10)
+            _signal_group(process, signal.SIGKILL)  # children left in the group (ClientApp processes)
+
+
+def _signal_group(process: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(process.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def node_config_text(values: dict[str, object]) -> str:
+    """``--node-config`` text: strings quoted, numbers bare."""
+    return " ".join(f"{k}={json.dumps(v) if isinstance(v, str) else v}" for k, v in values.items())
