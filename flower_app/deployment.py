@@ -12,9 +12,11 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -24,6 +26,17 @@ from task.errors import ConfigError
 APP_DIR = Path(__file__).resolve().parents[1]
 CONNECTION = "flrep-local"
 ENV = {"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
+
+
+def tool(name: str) -> str:
+    """The Flower command ``name`` of this Python environment (else the one on PATH)."""
+    here = Path(sys.executable).parent / name
+    if here.is_file():
+        return str(here)
+    found = shutil.which(name)
+    if found is None:
+        raise ConfigError(f"{name} not found: install the app (pip install -e .) in this environment")
+    return found
 
 
 def free_port() -> int:
@@ -84,7 +97,9 @@ class LocalDeployment:
         self.stop()
 
     def _env(self) -> dict[str, str]:
-        return {**os.environ, **ENV, "FLWR_HOME": str(self.home)}
+        """Flower's processes start more of its commands: they must find this environment's."""
+        path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+        return {**os.environ, **ENV, "FLWR_HOME": str(self.home), "PATH": path}
 
     def _write_connection(self) -> None:
         """The ``flwr`` CLI's connection to this SuperLink (in a private FLWR_HOME)."""
@@ -103,7 +118,7 @@ class LocalDeployment:
 
     def start_superlink(self, wait_s: float = 60.0) -> None:
         """Start the SuperLink and wait until its port answers."""
-        args = ["flower-superlink", "--port", str(self.port), "--disable-runtime-dependency-installation"]
+        args = [tool("flower-superlink"), "--port", str(self.port), "--disable-runtime-dependency-installation"]
         if self.keys is None:
             args.append("--insecure")
         else:
@@ -114,7 +129,7 @@ class LocalDeployment:
 
     def register(self, public_key: Path) -> int:
         """Register a SuperNode's public key with the SuperLink; its node id."""
-        out = subprocess.run(["flwr", "supernode", "register", str(public_key), CONNECTION, "--format", "json"],
+        out = subprocess.run([tool("flwr"), "supernode", "register", str(public_key), CONNECTION, "--format", "json"],
                              capture_output=True, text=True, env=self._env(), cwd=APP_DIR, timeout=60)
         try:
             answer = json.loads(out.stdout)
@@ -127,7 +142,7 @@ class LocalDeployment:
     def start_supernode(self, index: int, node_config: dict[str, object], private_key: Path | None = None,
                         name: str | None = None) -> subprocess.Popen:
         """Start SuperNode ``index`` with ``node_config`` (authenticated with ``private_key`` under TLS)."""
-        args = ["flower-supernode", "--superlink", self.address, "--port", str(free_port()),
+        args = [tool("flower-supernode"), "--superlink", self.address, "--port", str(free_port()),
                 "--node-config", node_config_text(node_config)]
         if self.keys is None:
             args.append("--insecure")
@@ -141,7 +156,7 @@ class LocalDeployment:
     def run(self, experiment: str, overrides: list[str], timeout_s: float | None = None) -> None:
         """Submit the experiment to the SuperLink and stream its logs until it ends."""
         config = f"experiment={json.dumps(experiment)} overrides={json.dumps(shlex.join(overrides))}"
-        args = ["flwr", "run", str(APP_DIR), CONNECTION, "--run-config", config, "--stream"]
+        args = [tool("flwr"), "run", str(APP_DIR), CONNECTION, "--run-config", config, "--stream"]
         with (self.work / "run.log").open("w") as fh:
             subprocess.run(args, env=self._env(), cwd=APP_DIR, timeout=timeout_s, stdout=fh, stderr=subprocess.STDOUT)
 

@@ -175,10 +175,14 @@ def exchange(grid: Grid, messages: list[Message], traffic: Traffic, fed: Federat
     sent_by_id = {msg.metadata.message_id: msg for msg in messages}
     failed: dict[int, str] = {}
     good: list[tuple[int, Message]] = []
+    unmatched: list[str] = []  # errors of the SuperLink about messages it no longer knows
     for rep in replies:
         # an error made by the SuperLink (e.g. node unavailable) comes from the SuperLink's
         # node id: the message it answers says which client it was for
         sent = sent_by_id.get(rep.metadata.reply_to_message_id)
+        if sent is None and rep.has_error():
+            unmatched.append(rep.error.reason)
+            continue
         node = sent.metadata.dst_node_id if sent is not None else rep.metadata.src_node_id
         pid = fed.pid_of.get(node, -1)
         if rep.has_error():
@@ -197,8 +201,8 @@ def exchange(grid: Grid, messages: list[Message], traffic: Traffic, fed: Federat
     for msg in messages:
         pid = fed.pid_of.get(msg.metadata.dst_node_id, -1)
         if pid not in answered:
-            failed[pid] = "no reply"
-            log(WARNING, "%s: client %d (node %d) sent no reply", phase, pid, msg.metadata.dst_node_id)
+            failed[pid] = "no reply" + "".join(f"; SuperLink: {reason}" for reason in dict.fromkeys(unmatched))
+            log(WARNING, "%s: client %d (node %d) %s", phase, pid, msg.metadata.dst_node_id, failed[pid])
     # replies arrive in any order; aggregating them by partition id makes the floating-point
     # sums, and so the whole run, repeat exactly for a seed
     good.sort(key=lambda item: item[0])

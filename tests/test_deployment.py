@@ -1,0 +1,93 @@
+"""Real deployments on loopback: flower-superlink + flower-supernode processes running the app
+(FedRep for two rounds; a SuperNode killed mid-run), TLS with SuperNode authentication (a
+registered key joins, an unregistered one is refused), and the start-up checks."""
+
+import json
+import threading
+import time
+
+import pytest
+
+from flower_app.certs import load_deployment_keys, make_deployment_keys
+from flower_app.deployment import LocalDeployment, free_port, wait_for_port
+from task.errors import ConfigError
+
+RUN = ["compare=[]", "wandb.enabled=false", "train.fraction=1.0", "eval.final_window=1", "fedrep.head_epochs=2"]
+
+
+def _records(out) -> list[dict]:
+    path = out / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def _start_nodes(deployment: LocalDeployment, nodes: int) -> None:
+    deployment.start_superlink()
+    for i in range(nodes):
+        deployment.start_supernode(i, {"partition-id": i, "num-partitions": nodes})
+
+
+def test_fedrep_runs_on_a_superlink_with_three_supernodes(tmp_path):
+    out = tmp_path / "out"
+    with LocalDeployment(tmp_path / "deployment") as deployment:
+        _start_nodes(deployment, 3)
+        deployment.run("quickstart", RUN + ["algorithm=fedrep", "rounds=2", "data.num_clients=3", f"out_dir={out}"],
+                       timeout_s=300)
+        processes = list(deployment.processes.values())
+    assert all(p.poll() is not None for p in processes)  # every process it started has stopped
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["algorithm"] == "fedrep"
+    trains = [r for r in _records(out) if r["phase"] == "train"]
+    assert [r["round"] for r in trains] == [1, 2]
+    assert all(r["clients"] == [0, 1, 2] and r["failed_clients"] == [] for r in trains)
+    assert summary["personalized_accuracy"] > 0.5  # digits, 2 classes per client: heads learn fast
+
+
+def test_a_killed_supernode_does_not_end_the_run(tmp_path):
+    out = tmp_path / "out"
+    with LocalDeployment(tmp_path / "deployment") as deployment:
+        _start_nodes(deployment, 3)
+        overrides = RUN + ["algorithm=fedavg", "rounds=3", "data.num_clients=3", "faults.reply_timeout_s=60",
+                           f"out_dir={out}"]
+        runner = threading.Thread(target=deployment.run, args=("quickstart", overrides), kwargs={"timeout_s": 420})
+        runner.start()
+        deadline = time.monotonic() + 240
+        while not any(r["phase"] == "eval" for r in _records(out)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        deployment.stop("supernode-2")  # the node of partition 2 dies after round 1
+        runner.join()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    trains = {r["round"]: r for r in _records(out) if r["phase"] == "train"}
+    assert trains[1]["failed_clients"] == []
+    assert trains[3]["failed_clients"] == [2] and "skipped" not in trains[3]
+    assert summary["failed_client_replies"] >= 2
+    assert summary["rounds_skipped"] == []
+
+
+def test_an_authenticated_supernode_joins_and_an_unregistered_key_is_refused(tmp_path):
+    keys = make_deployment_keys(tmp_path / "keys", 2)
+    with LocalDeployment(tmp_path / "deployment", keys) as deployment:
+        deployment.start_superlink()
+        registered = deployment.register(keys.node_keys[0][1])
+        deployment.start_supernode(0, {"partition-id": 0}, keys.node_keys[0][0])
+        stranger = deployment.start_supernode(1, {"partition-id": 1}, keys.node_keys[1][0])
+        assert stranger.wait(timeout=60) != 0
+        refused = (deployment.work / "supernode-1.log").read_text()
+        assert "Failed to activate SuperNode" in refused
+        joined_log = deployment.work / "supernode-0.log"
+        deadline = time.monotonic() + 60
+        while f"SuperNode ID: {registered}" not in joined_log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert f"SuperNode ID: {registered}" in joined_log.read_text()
+        assert deployment.processes["supernode-0"].poll() is None
+
+
+def test_missing_certificates_and_an_unreachable_superlink_are_named(tmp_path):
+    with pytest.raises(ConfigError, match=r"TLS files missing: .*ca\.crt"):
+        load_deployment_keys(tmp_path / "nowhere", 2)
+    keys = make_deployment_keys(tmp_path / "keys", 1)
+    keys.server_key.unlink()
+    with pytest.raises(ConfigError, match=r"ssl-keyfile: .*server\.key does not exist"):
+        LocalDeployment(tmp_path / "deployment", keys)
+    with pytest.raises(ConfigError, match=r"the SuperLink at 127\.0\.0\.1:\d+ is unreachable"):
+        wait_for_port(f"127.0.0.1:{free_port()}", 1.0, "the SuperLink")
