@@ -80,6 +80,8 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
     if prepared is None:
         return 2
     overrides, cfg = prepared
+    if cfg.data.root is not None:  # the SuperLink runs the app from its own copy: paths must be absolute
+        overrides.append(f"data.root={cfg.data.root}")
     out = _out_dir(cfg) or Path("outputs") / f"{args.experiment}-deploy"
     try:
         keys = load_deployment_keys(Path(args.tls), args.nodes) if args.tls else None
