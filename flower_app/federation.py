@@ -154,7 +154,7 @@ def _ask_partitions(grid: Grid, nodes: list[int], traffic: Traffic, handshake: C
     for rep in replies:
         if rep.has_error():
             if strict:
-                raise RuntimeError(f"node {rep.metadata.src_node_id} failed the start-up handshake: {rep.error.reason}")
+                raise ConfigError(f"node {rep.metadata.src_node_id} failed the start-up handshake: {rep.error.reason}")
             log(WARNING, "node %d failed its handshake: %s", rep.metadata.src_node_id, rep.error.reason)
             continue
         metrics = rep.content[METRICS]

@@ -179,3 +179,54 @@ def test_writers_refuse_data_they_cannot_write_back(tmp_path):
     write_node_data("mnist", tmp_path / "c", split, split)
     with pytest.raises(ConfigError, match="directory is not empty"):
         write_node_data("mnist", tmp_path / "c", split, split)
+
+
+def _mnist_federation(tmp_path, out: str, data_paths=None) -> dict:
+    """FedRep on the tiny mnist copy, 3 clients; each node reads ``data_paths[pid]`` when given."""
+    from flower_app.config import load_config
+    from flower_app.server_app import Experiment
+    from tests.local_grid import LocalGrid
+
+    overrides = (f"wandb.enabled=false compare=[] data.name=mnist data.root={tmp_path / 'global'} "
+                 f"data.cache_dir={tmp_path / 'cache'} data.normalize=false data.num_clients=3 "
+                 f"data.classes_per_client=2 model.name=mlp_mnist rounds=2 train.fraction=1.0 eval.every=1 "
+                 f"eval.final_window=1 fedrep.head_epochs=2 out_dir={tmp_path / out}")
+    grid = LocalGrid(3, {"experiment": "quickstart", "overrides": overrides})
+    for pid, path in (data_paths or {}).items():
+        grid.contexts[grid.node_ids[pid]].node_config["data-path"] = str(path)
+    return Experiment(grid, load_config("quickstart", overrides.split())).run()
+
+
+def test_nodes_with_their_own_data_train_as_on_the_partitions_they_hold(tmp_path):
+    _global_mnist(tmp_path / "global", np.random.default_rng(6))
+    cfg = {"name": "mnist", "root": str(tmp_path / "global"), "cache_dir": str(tmp_path / "cache"), "normalize": False,
+           "num_clients": 3, "partition": "pathological", "classes_per_client": 2}
+    dirs = write_partitions(cfg, 0, tmp_path / "nodes")
+    partitioned = _mnist_federation(tmp_path, "partitioned")
+    own = _mnist_federation(tmp_path, "own", dict(enumerate(dirs)))
+    records = {name: [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+               for name in ("partitioned", "own")}
+    evals = {name: [r for r in rs if r["phase"] == "eval"] for name, rs in records.items()}
+    assert len(evals["own"]) == 2
+    # nodes with their own data evaluate themselves; the server holds no global test set for them
+    assert own["global_accuracy"] is None and partitioned["global_accuracy"] is not None
+    for a, b in zip(evals["partitioned"], evals["own"]):  # the same clients, data, seeds: the same personal models
+        assert a["personalized_accuracy"] == pytest.approx(b["personalized_accuracy"], abs=1e-6)
+    assert own["personalized_accuracy"] == pytest.approx(partitioned["personalized_accuracy"], abs=1e-6)
+
+
+def test_a_node_without_data_path_or_with_other_inputs_is_refused_at_start(tmp_path):
+    rng = np.random.default_rng(7)
+    _global_mnist(tmp_path / "global", rng)
+    cfg = {"name": "mnist", "root": str(tmp_path / "global"), "cache_dir": str(tmp_path / "cache"), "num_clients": 3}
+    dirs = write_partitions(cfg, 0, tmp_path / "nodes")
+    with pytest.raises(ConfigError, match=r"SuperNodes of partitions \[2\] have no data-path"):
+        _mnist_federation(tmp_path, "mixed", {0: dirs[0], 1: dirs[1]})
+    small = tmp_path / "small"  # 20x20 images: not what the run's model takes
+    small.mkdir()
+    for prefix in ("train", "t10k"):
+        _write_idx_gz(small / f"{prefix}-images-idx3-ubyte.gz", rng.integers(0, 256, (10, 20, 20)))
+        _write_idx_gz(small / f"{prefix}-labels-idx1-ubyte.gz", np.arange(10))
+    with pytest.raises(ConfigError, match=r"start-up handshake: ConfigError: node config data-path=.*small.*images have shape \(20, 20\); expected \(28, 28\)"):
+        _mnist_federation(tmp_path, "other-shape", {0: dirs[0], 1: dirs[1], 2: small})
+    assert (tmp_path / "other-shape" / "metrics.jsonl").read_text() == ""  # no round ran

@@ -5,7 +5,7 @@ server-optimizer moments, TCT's stage, client sampling and every client's own st
 import json
 
 import pytest
-from flwr.app import Message
+from flwr.app import Context, Message, RecordDict
 
 from flower_app.config import load_config
 from flower_app.server_app import Experiment
@@ -68,3 +68,56 @@ def test_resume_refuses_another_config_or_a_missing_checkpoint(tmp_path):
         _run(LocalGrid, f"{common} train.lr=0.2 resume={tmp_path / 'run'}")
     with pytest.raises(ConfigError, match=r"resume=.*no checkpoint there"):
         _run(LocalGrid, f"{common} resume={tmp_path / 'elsewhere'}")
+
+
+RESTART_AFTER = 2
+
+
+class RestartingGrid(LocalGrid):
+    """The SuperNode of partition 1 restarts after the ``last_message`` of round ``RESTART_AFTER``:
+    it comes back with a new node id, an empty ``Context.state`` and the node config ``restarted_config``."""
+
+    def __init__(self, *args, restarted_config: dict, last_message: str, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.restarted_config = restarted_config
+        self.last_message = last_message
+
+    def send_and_receive(self, messages, *, timeout=None) -> list[Message]:
+        messages = list(messages)
+        replies = super().send_and_receive(messages, timeout=timeout)
+        if (messages and messages[0].metadata.message_type == self.last_message
+                and int(messages[0].content["config"]["server-round"]) == RESTART_AFTER):
+            old = self.node_ids[1]
+            new = old + 500
+            self.node_ids[1] = new
+            context = self.contexts.pop(old)
+            self.contexts[new] = Context(run_id=context.run_id, node_id=new, node_config=dict(self.restarted_config),
+                                         state=RecordDict(), run_config=context.run_config)
+        return replies
+
+
+def _with_state_dirs(grid: LocalGrid, root) -> LocalGrid:
+    for pid, node in enumerate(grid.node_ids):
+        grid.contexts[node].node_config["state-dir"] = str(root / f"node-{pid}")
+    return grid
+
+
+@pytest.mark.parametrize("algorithm, last_message", [("fedrep", "evaluate"), ("scaffold", "train")])
+def test_a_restarted_supernode_finds_its_state_in_its_state_dir(tmp_path, algorithm, last_message):
+    overrides = f"{BASE} algorithm={algorithm} train.fraction=1.0 rounds=4"
+    cfg = load_config("quickstart", f"{overrides} out_dir={tmp_path / 'whole'}".split())
+    run_config = {"experiment": "quickstart", "overrides": overrides}
+    whole = Experiment(_with_state_dirs(LocalGrid(6, run_config), tmp_path / "whole-nodes"), cfg).run()
+
+    def restarted(name: str, state_dir) -> dict:
+        config = {"partition-id": 1, "num-partitions": 6, "state-dir": str(state_dir)}
+        grid = RestartingGrid(6, run_config, restarted_config=config, last_message=last_message)
+        cfg = load_config("quickstart", f"{overrides} out_dir={tmp_path / name}".split())
+        return Experiment(_with_state_dirs(grid, tmp_path / f"{name}-nodes"), cfg).run()
+
+    kept = restarted("kept", tmp_path / "kept-nodes" / "node-1")
+    assert kept["failed_client_replies"] == 0  # the server adopted the new node before it sent again
+    assert _metrics(tmp_path / "kept") == _metrics(tmp_path / "whole")
+    assert kept["personalized_accuracy"] == whole["personalized_accuracy"]
+    lost = restarted("lost", tmp_path / "empty-disk")  # the node came back without its disk
+    assert _metrics(tmp_path / "lost") != _metrics(tmp_path / "whole")
