@@ -64,6 +64,32 @@ def test_a_killed_supernode_does_not_end_the_run(tmp_path):
     assert summary["rounds_skipped"] == []
 
 
+def test_a_restarted_supernode_rejoins_with_the_state_it_kept_on_disk(tmp_path):
+    out = tmp_path / "out"
+    node = {i: {"partition-id": i, "num-partitions": 3, "state-dir": str(tmp_path / f"node-{i}")} for i in range(3)}
+    with LocalDeployment(tmp_path / "deployment") as deployment:
+        deployment.start_superlink()
+        for i in range(3):
+            deployment.start_supernode(i, node[i])
+        overrides = RUN + ["algorithm=fedrep", "rounds=3", "data.num_clients=3", "faults.reply_timeout_s=60",
+                           f"out_dir={out}"]
+        runner = threading.Thread(target=deployment.run, args=("quickstart", overrides), kwargs={"timeout_s": 420})
+        runner.start()
+        deadline = time.monotonic() + 240
+        while not any(r["phase"] == "eval" for r in _records(out)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        deployment.stop("supernode-2")  # partition 2's node goes down after round 1 and comes back
+        deployment.start_supernode(2, node[2], name="supernode-2-restarted")
+        runner.join()
+        restarted_log = (deployment.work / "supernode-2-restarted.log").read_text()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    trains = {r["round"]: r for r in _records(out) if r["phase"] == "train"}
+    assert trains[1]["failed_clients"] == [] and trains[3]["failed_clients"] == []
+    assert trains[3]["clients"] == [0, 1, 2]
+    assert "client 2: state of round 1 restored" in restarted_log  # its FedRep head, from its state-dir
+
+
 def test_an_authenticated_supernode_joins_and_an_unregistered_key_is_refused(tmp_path):
     keys = make_deployment_keys(tmp_path / "keys", 2)
     with LocalDeployment(tmp_path / "deployment", keys) as deployment:
