@@ -55,7 +55,7 @@ def _out_dir(cfg) -> Path | None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from flower_app.simulation import run_blocking
+    from flower_app.simulation import exit_interrupted, run_blocking
 
     prepared = _prepare(args)
     if prepared is None:
@@ -65,6 +65,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     try:
         run_blocking(args.experiment, overrides, int(cfg.data.num_clients),
                      float(cfg.simulation.client_cpus), float(cfg.simulation.client_gpus))
+    except (KeyboardInterrupt, SystemExit) as err:  # Ctrl-C, or SIGTERM through Ray's handler
+        where = str(out) if out is not None else "<its output directory>"
+        print(f"flrep: run interrupted ({type(err).__name__}); continue it from its last checkpoint with the same "
+              f"command and resume={where}", file=sys.stderr)
+        exit_interrupted(130)
     except BaseException as err:  # noqa: BLE001 - report any failure as a non-zero exit
         traceback.print_exc()
         print(f"flrep: run failed: {type(err).__name__}: {err}", file=sys.stderr)

@@ -10,8 +10,11 @@ upgrade must be checked against it (flwr is pinned in pyproject.toml).
 
 from __future__ import annotations
 
+import os
 import shlex
+import sys
 from pathlib import Path
+from typing import NoReturn
 
 from flwr.app import Context, RecordDict
 from flwr.common.config import get_fused_config_from_dir, get_project_config
@@ -61,3 +64,17 @@ def run_blocking(experiment: str, overrides: list[str], num_supernodes: int, cli
         server_app_context=context,
         is_app=True,
     )
+
+
+def exit_interrupted(code: int) -> NoReturn:
+    """Leave an interrupted simulation at once: its ServerApp and backend threads would wait
+    forever for replies that no longer come, so stop Ray and exit without joining them."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)

@@ -1,8 +1,10 @@
 """End-to-end runs of the Flower app in the simulation engine through the `flrep` command."""
 
 import json
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -90,3 +92,36 @@ def test_same_seed_repeats_the_run(quickstart_run, tmp_path):
     b = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["phase"] == "eval"]
     assert [r["client_accuracy"] for r in a] == [r["client_accuracy"] for r in b]
     assert [r["global_loss"] for r in a] == pytest.approx([r["global_loss"] for r in b], rel=1e-5)
+
+
+def test_an_interrupted_simulation_resumes_through_flrep_run(tmp_path):
+    args = ["quickstart", "algorithm=fedrep", "compare=[]", "rounds=4", "eval.final_window=2", "wandb.enabled=false"]
+    whole = flrep_run(*args, "--out", str(tmp_path / "whole"))
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    cut = tmp_path / "cut"
+    proc = subprocess.Popen([sys.executable, "-m", "flower_app.cli", "run", *args, "--out", str(cut)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as in a terminal
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None and not any(
+                r["phase"] == "eval" and r["round"] == 2 for r in _records(cut)):
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)  # Ctrl-C after round 2
+        assert proc.wait(timeout=60) == 130  # promptly, not waiting on the simulation's threads
+    finally:
+        proc.kill()
+    assert not (cut / "summary.json").exists()
+    resumed = flrep_run(*args, f"resume={cut}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming" in resumed.stdout + resumed.stderr
+    strip = ("elapsed_s",)
+    assert ([{k: v for k, v in r.items() if k not in strip} for r in _records(cut)]
+            == [{k: v for k, v in r.items() if k not in strip} for r in _records(tmp_path / "whole")])
+    a, b = (json.loads((d / "summary.json").read_text()) for d in (cut, tmp_path / "whole"))
+    assert a["personalized_accuracy"] == b["personalized_accuracy"] and a["status"] == "completed"
+
+
+def _records(out) -> list[dict]:
+    path = out / "metrics.jsonl"
+    return read_jsonl(path) if path.is_file() else []
