@@ -75,6 +75,8 @@ from task.datasets.image_folder import load_image_folder
 from task.datasets.images import normalize_images
 from task.errors import ConfigError
 
+APP_DIR = Path(__file__).resolve().parents[1]  # where relative data.root values point (flower_app.config)
+
 DATASET_NAMES: tuple[str, ...] = (
     "digits",
     "mnist",
@@ -147,7 +149,11 @@ def _root_from_cfg(data_cfg: Mapping, name: str) -> Path:
         raise ConfigError(f"data.root={value!r} is invalid: expected a directory path")
     root = Path(os.path.expanduser(os.fspath(value)))
     if not root.exists():
-        raise ConfigError(f"data.root={str(root)!r} does not exist: expected the directory holding the {name} files")
+        hint = ""
+        if root.resolve().is_relative_to(APP_DIR):
+            hint = (f"; a relative data.root is resolved against the app's directory {APP_DIR} (under a SuperLink, "
+                    "its own copy of the app): give an absolute path")
+        raise ConfigError(f"data.root={str(root)!r} does not exist: expected the directory holding the {name} files{hint}")
     return root
 
 

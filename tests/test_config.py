@@ -4,7 +4,7 @@ import pytest
 from flwr.app import Message
 
 from flower_app.cli import main as flrep
-from flower_app.config import clients_per_round, load_config, validate_with_data
+from flower_app.config import PROJECT_DIR, clients_per_round, load_config, validate_with_data
 from flower_app.federation import Traffic, connect
 from strategies.common import reply
 from task.errors import ConfigError
@@ -59,6 +59,11 @@ def test_unknown_key_and_unknown_experiment():
 def test_missing_data_path_is_named(tmp_path):
     message = error_of("data.name=mnist", f"data.root={tmp_path / 'nowhere'}")
     assert "data.root" in message and "nowhere" in message
+    assert "relative data.root" not in message
+    # a relative path that is missing says where it was looked for (a SuperLink runs its own copy of the app)
+    message = error_of("data.name=mnist", "data.root=no/such/mnist")
+    assert f"{PROJECT_DIR / 'no/such/mnist'}' does not exist" in message
+    assert f"resolved against the app's directory {PROJECT_DIR}" in message and "give an absolute path" in message
 
 
 def test_malformed_data_file_is_named(tmp_path):
