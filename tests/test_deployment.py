@@ -117,3 +117,33 @@ def test_missing_certificates_and_an_unreachable_superlink_are_named(tmp_path):
         LocalDeployment(tmp_path / "deployment", keys)
     with pytest.raises(ConfigError, match=r"the SuperLink at 127\.0\.0\.1:\d+ is unreachable"):
         wait_for_port(f"127.0.0.1:{free_port()}", 1.0, "the SuperLink")
+
+
+@pytest.mark.slow
+def test_a_deployment_stopped_mid_run_resumes_to_the_same_metrics(tmp_path):
+    overrides = RUN + ["algorithm=fedrep", "rounds=3", "data.num_clients=3", "faults.reply_timeout_s=60"]
+    with LocalDeployment(tmp_path / "whole-deployment") as deployment:
+        _start_nodes(deployment, 3)
+        deployment.run("quickstart", overrides + [f"out_dir={tmp_path / 'whole'}"], timeout_s=300)
+    cut = tmp_path / "cut"
+    with LocalDeployment(tmp_path / "cut-deployment") as deployment:
+        _start_nodes(deployment, 3)
+        runner = threading.Thread(target=deployment.run, args=("quickstart", overrides + [f"out_dir={cut}"]),
+                                  kwargs={"timeout_s": 300})
+        runner.start()
+        deadline = time.monotonic() + 240
+        while not any(r["phase"] == "eval" and r["round"] == 1 for r in _records(cut)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        deployment.stop()  # the whole deployment goes down after round 1
+        runner.join()
+    assert not (cut / "summary.json").exists()
+    with LocalDeployment(tmp_path / "resumed-deployment") as deployment:
+        _start_nodes(deployment, 3)
+        deployment.run("quickstart", overrides + [f"resume={cut}"], timeout_s=300)
+        assert "resuming" in (deployment.work / "run.log").read_text()
+
+    def metrics(out) -> list[dict]:
+        return [{k: v for k, v in r.items() if k != "elapsed_s"} for r in _records(out)]
+
+    assert metrics(cut) == metrics(tmp_path / "whole")
+    assert json.loads((cut / "summary.json").read_text())["status"] == "completed"
