@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from datetime import datetime
@@ -544,6 +545,14 @@ def run_variants(grid: Grid, variants: tuple[DictConfig, ...]) -> dict:
     for cfg in variants:
         cfg = cfg.copy()
         cfg.out_dir = str(base / cfg.label)
+        if cfg.resume:  # each variant resumes from its own folder: done, checkpointed, or not started
+            done = _completed_variant(base / cfg.label)
+            if done is not None:
+                log(INFO, "[flrep] %s completed before the interruption: kept", cfg.label)
+                summaries[cfg.label], records[cfg.label] = done
+                continue
+            has_checkpoint = (checkpoint.checkpoint_dir(base / cfg.label) / checkpoint.SERVER_FILE).is_file()
+            cfg.resume = str(base / cfg.label) if has_checkpoint else None
         experiment = Experiment(grid, cfg)
         summaries[cfg.label] = experiment.run()
         records[cfg.label] = experiment.recorder.records
@@ -551,6 +560,17 @@ def run_variants(grid: Grid, variants: tuple[DictConfig, ...]) -> dict:
     log(INFO, "[flrep] comparison (%s)\n%s", base / "comparison.md", comparison_table(summaries))
     log(INFO, "[flrep] outputs: %s", base)
     return summary
+
+
+def _completed_variant(out: Path) -> tuple[dict, list[dict]] | None:
+    """(summary, records) of a variant that completed in ``out``, else None."""
+    path = out / "summary.json"
+    if not path.is_file():
+        return None
+    summary = json.loads(path.read_text())
+    if summary.get("status") != "completed":
+        return None
+    return summary, [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 @app.main()

@@ -8,7 +8,8 @@ import pytest
 from flwr.app import Context, Message, RecordDict
 
 from flower_app.config import load_config
-from flower_app.server_app import Experiment
+from flower_app.config import variants_from_run_config
+from flower_app.server_app import Experiment, run_variants
 from task.errors import ConfigError
 from tests.local_grid import LocalGrid
 
@@ -26,13 +27,17 @@ STOP_ROUND = 4
 
 
 class InterruptedGrid(LocalGrid):
-    """Dies (KeyboardInterrupt) after two clients trained in round ``STOP_ROUND``."""
+    """Dies (KeyboardInterrupt) after two clients trained in round ``STOP_ROUND`` (of the
+    variant ``stop_variant``, when set)."""
+
+    stop_variant: str | None = None
 
     def send_and_receive(self, messages, *, timeout=None) -> list[Message]:
         messages = list(messages)
         first = messages[0] if messages else None
         if (first is not None and first.metadata.message_type == "train"
-                and int(first.content["config"]["server-round"]) == STOP_ROUND):
+                and int(first.content["config"]["server-round"]) == STOP_ROUND
+                and self.stop_variant in (None, first.content["config"]["variant"])):
             super().send_and_receive(messages[:2])
             raise KeyboardInterrupt
         return super().send_and_receive(messages, timeout=timeout)
@@ -41,6 +46,10 @@ class InterruptedGrid(LocalGrid):
 def _run(grid_type, overrides: str, **grid_args) -> dict:
     cfg = load_config("quickstart", overrides.split())
     return Experiment(grid_type(6, {"experiment": "quickstart", "overrides": overrides}, **grid_args), cfg).run()
+
+
+def _run_variants(grid: LocalGrid, overrides: str) -> dict:
+    return run_variants(grid, variants_from_run_config("quickstart", overrides))
 
 
 def _metrics(out_dir) -> list[dict]:
@@ -121,3 +130,22 @@ def test_a_restarted_supernode_finds_its_state_in_its_state_dir(tmp_path, algori
     assert kept["personalized_accuracy"] == whole["personalized_accuracy"]
     lost = restarted("lost", tmp_path / "empty-disk")  # the node came back without its disk
     assert _metrics(tmp_path / "lost") != _metrics(tmp_path / "whole")
+
+
+@pytest.mark.parametrize("stop_variant", ["fedrep", "fedavg"])
+def test_a_comparison_resumes_each_variant_from_its_own_folder(tmp_path, stop_variant):
+    """compare=[...]: the variants that completed are kept, the interrupted one resumes and
+    the ones not yet started start afresh; the comparison equals the uninterrupted one."""
+    common = f"{BASE} compare=[algorithm=fedavg] client_state.dir={tmp_path / 'state'}"
+    run_config = {"experiment": "quickstart", "overrides": common}
+    whole = _run_variants(LocalGrid(6, run_config), f"{common} out_dir={tmp_path / 'whole'}")
+    cut = InterruptedGrid(6, run_config, run_id=2, first_node_id=2000)
+    cut.stop_variant = stop_variant
+    with pytest.raises(KeyboardInterrupt):
+        _run_variants(cut, f"{common} out_dir={tmp_path / 'cut'}")
+    resumed = _run_variants(LocalGrid(6, run_config, run_id=3, first_node_id=3000), f"{common} resume={tmp_path / 'cut'}")
+    for label in ("fedrep", "fedavg"):
+        assert _metrics(tmp_path / "cut" / label) == _metrics(tmp_path / "whole" / label), label
+    drop = ("out_dir", "wall_time_s")
+    assert ({v: {k: x for k, x in row.items() if k not in drop} for v, row in resumed["comparison"].items()}
+            == {v: {k: x for k, x in row.items() if k not in drop} for v, row in whole["comparison"].items()})
