@@ -3,9 +3,11 @@
 At the end of every round the server writes ``<out_dir>/checkpoint/server.pt`` (atomically):
 the global arrays, the strategy object with all its state (SCAFFOLD's c, server-optimizer
 moments, TCT's stage and standardisation ...; sets of node ids are stored as partition ids,
-because node ids change between runs), the round, the metrics records and traffic so far,
-and the RNG states. Client sampling is a pure function of (seed, round), so the sequence
-continues by itself; the sampled clients of every past round are in the records.
+because node ids change between runs), the round, how many lines of ``metrics.jsonl`` the
+run had written (a resumed run keeps those and drops the rest), the traffic so far, the
+run's token (naming its clients' snapshot folders) and the RNG states. Client sampling is a
+pure function of (seed, round), so the sequence continues by itself; the sampled clients of
+every past round are in the records.
 
 Clients snapshot their own state after each training message (see
 :mod:`flower_app.client_checkpoint`); a resumed run's handshake tells them which round to
@@ -14,6 +16,7 @@ restore.
 
 from __future__ import annotations
 
+import json
 import pickle
 import random
 from pathlib import Path
@@ -95,6 +98,17 @@ def load(resume_dir: Path, cfg: DictConfig) -> dict[str, Any]:
     np.random.set_state(rng["numpy"])
     random.setstate(rng["python"])
     return state
+
+
+def saved_records(resume_dir: Path, state: dict[str, Any]) -> list[dict[str, Any]]:
+    """The records the checkpointed round had written: the first lines of ``metrics.jsonl``."""
+    path = resume_dir / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.is_file() else []
+    count = int(state["records_count"])
+    if len(lines) < count:
+        raise ConfigError(f"resume={str(resume_dir)!r}: {path} holds {len(lines)} records, the checkpoint of round "
+                          f"{state['round']} was written after {count}")
+    return [json.loads(line) for line in lines[:count]]
 
 
 def plain_config(cfg: DictConfig) -> dict[str, Any]:

@@ -37,7 +37,11 @@ def snapshot_mod(msg: Message, context: Context, call_next: ClientAppCallable) -
         _remember(context, config)
     reply = call_next(msg, context)
     if kind in SNAPSHOT_TYPES and not reply.has_error() and LOCATION in context.state:
-        _snapshot(context, str(config.get("variant", "")), int(config.get("server-round", 0)))
+        try:
+            _snapshot(context, str(config.get("variant", "")), int(config.get("server-round", 0)))
+        except OSError as err:  # the reply is sound; only a resume would miss this round's state
+            log(WARNING, "client %s: state of round %s not snapshotted: %s", context.node_config.get("partition-id"),
+                config.get("server-round"), err)
     return reply
 
 
@@ -67,12 +71,15 @@ def _variant_keys(context: Context, variant: str) -> list[str]:
 
 
 def _snapshot(context: Context, variant: str, server_round: int) -> None:
+    keys = _variant_keys(context, variant)
     folder = _client_dir(context)
+    if not keys and not folder.is_dir():
+        return  # no state yet (or an algorithm without client state): nothing to restore either
     folder.mkdir(parents=True, exist_ok=True)
     files = folder / f"round{server_round:06d}.files"
     shutil.rmtree(files, ignore_errors=True)
     entries: dict[str, dict] = {}
-    for key in _variant_keys(context, variant):
+    for key in keys:
         record = context.state[key]
         if isinstance(record, ArrayRecord):
             entries[key] = {"arrays": record.to_torch_state_dict()}
@@ -84,7 +91,9 @@ def _snapshot(context: Context, variant: str, server_round: int) -> None:
                 target = files / f"{key.replace('/', '__')}{source.suffix}"
                 _link_or_copy(source, target)
                 config["path"] = str(target)
-            entries[key] = {"config": config}
+                entries[key] = {"config": config, "live": str(source)}
+            else:
+                entries[key] = {"config": config}
     path = folder / f"round{server_round:06d}.pt"
     tmp = path.with_suffix(".tmp")
     torch.save({"variant": variant, "entries": entries}, tmp)
@@ -113,6 +122,18 @@ def restore_snapshot(context: Context, variant: str, server_round: int) -> int |
     found = max(rounds)
     saved = torch.load(folder / f"round{found:06d}.pt", weights_only=False)
     for key, entry in saved["entries"].items():
-        context.state[key] = ArrayRecord(entry["arrays"]) if "arrays" in entry else ConfigRecord(entry["config"])
+        if "arrays" in entry:
+            context.state[key] = ArrayRecord(entry["arrays"])
+            continue
+        config = dict(entry["config"])
+        if "live" in entry:  # back to a file of its own: the snapshot's folder is pruned later
+            live = Path(entry["live"])
+            live.parent.mkdir(parents=True, exist_ok=True)
+            tmp = live.with_name(f"{live.name}.restoring")
+            tmp.unlink(missing_ok=True)
+            _link_or_copy(Path(config["path"]), tmp)
+            tmp.replace(live)
+            config["path"] = str(live)
+        context.state[key] = ConfigRecord(config)
     log(INFO, "client %s: state of round %d restored", context.node_config["partition-id"], found)
     return found

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import time
+import uuid
 from datetime import datetime
 from logging import INFO, WARNING
 from pathlib import Path
@@ -124,7 +126,11 @@ class Experiment:
         self.traffic = Traffic()
         self.out_dir = output_dir(cfg)
         self.resumed = checkpoint.load(self.out_dir, cfg) if cfg.resume else None
-        self.recorder = RunRecorder(self.out_dir, cfg, self.resumed["records"] if self.resumed else ())
+        if self.resumed is None:  # a fresh start: no snapshot of an earlier run in this folder may be restored
+            shutil.rmtree(checkpoint.checkpoint_dir(self.out_dir), ignore_errors=True)
+        self.run_token = self.resumed["run_token"] if self.resumed else uuid.uuid4().hex[:12]
+        self.recorder = RunRecorder(self.out_dir, cfg,
+                                    checkpoint.saved_records(self.out_dir, self.resumed) if self.resumed else ())
         self.name = f"{cfg.experiment}-{cfg.label}-s{cfg.seed}"
         self.tracker = Tracker(cfg, self.out_dir, self.name)
         self.evaluator = ServerEvaluator(self.data, self.model, cfg)
@@ -155,7 +161,7 @@ class Experiment:
         after each round, and the round whose snapshot to restore (-1: none)."""
         return ConfigRecord({"variant": self.cfg.label,
                              "checkpoint-dir": str(checkpoint.checkpoint_dir(self.out_dir) / "clients"),
-                             "checkpoint-key": self.name, "restore-round": restore_round,
+                             "checkpoint-key": f"{self.name}-{self.run_token}", "restore-round": restore_round,
                              "input-shape": [int(d) for d in self.data.bundle.input_shape],
                              "num-classes": int(self.data.bundle.num_classes)})
 
@@ -163,7 +169,8 @@ class Experiment:
         """The server checkpoint at the end of round ``t``."""
         checkpoint.save(self.out_dir, {
             "round": t, "config": checkpoint.plain_config(self.cfg), "arrays": checkpoint.arrays_state(self.arrays),
-            "strategy": checkpoint.strategy_bytes(self.strategy, fed.pid_of), "records": self.recorder.records,
+            "strategy": checkpoint.strategy_bytes(self.strategy, fed.pid_of), "run_token": self.run_token,
+            "records_count": len(self.recorder.records),
             "traffic": dict(vars(self.traffic)), "last_main_round": self.last_main_round, "main_done": self.main_done,
             "elapsed_s": time.monotonic() - self.start})
 
@@ -324,26 +331,31 @@ class Experiment:
         cfg, device = self.cfg, self.data.online_device
         start, rounds = self.last_main_round, int(cfg.online.rounds)
         others = math.ceil(float(cfg.online.fraction) * len(self.trainable) - 1e-9)
-        for s in range(1, rounds + 1):
+        for s in range(max(1, self.next_round - start), rounds + 1):  # a resumed run goes on where it stopped
             t = start + s
             pids = [device] + (sample_clients(self.trainable, others, int(cfg.seed), t) if others else [])
             record = self.train_round(t, fed, pids)
             record["phase"] = "online-train"
             self.recorder.log(record)
-            if s % int(cfg.eval.every) and s <= rounds - int(cfg.eval.final_window) and s != 1:
-                continue
-            record = self.evaluate_round(t, fed, self.trainable + [device])
-            accs = {int(k): v for k, v in record["client_accuracy"].items()}
-            normal = [v for k, v in accs.items() if k != device]
-            record.update(phase="online", online_round=s,
-                          normal_accuracy=float(np.mean(normal)) if normal else None,
-                          rotated_accuracy=accs.get(device), elapsed_s=time.monotonic() - self.start)
-            record.update(self.traffic.as_dict())
-            self.recorder.log(record)
-            self.tracker.log({f"online/{k}": v for k, v in record.items()}, step=t)
-            log(INFO, "[flrep] online round %d/%d (round %d) | normal acc %s | rotated acc %s | global acc %s",
-                s, rounds, t, _fmt(record["normal_accuracy"]), _fmt(record["rotated_accuracy"]),
-                _fmt(record.get("global_accuracy")))
+            if not (s % int(cfg.eval.every) and s <= rounds - int(cfg.eval.final_window) and s != 1):
+                self.online_evaluation(t, s, fed)
+            self.save_checkpoint(t, fed)
+
+    def online_evaluation(self, t: int, s: int, fed: Federation) -> None:
+        """Online round ``s`` (round ``t``): accuracy on normal data and on the device's rotated test set."""
+        device, rounds = self.data.online_device, int(self.cfg.online.rounds)
+        record = self.evaluate_round(t, fed, self.trainable + [device])
+        accs = {int(k): v for k, v in record["client_accuracy"].items()}
+        normal = [v for k, v in accs.items() if k != device]
+        record.update(phase="online", online_round=s,
+                      normal_accuracy=float(np.mean(normal)) if normal else None,
+                      rotated_accuracy=accs.get(device), elapsed_s=time.monotonic() - self.start)
+        record.update(self.traffic.as_dict())
+        self.recorder.log(record)
+        self.tracker.log({f"online/{k}": v for k, v in record.items()}, step=t)
+        log(INFO, "[flrep] online round %d/%d (round %d) | normal acc %s | rotated acc %s | global acc %s",
+            s, rounds, t, _fmt(record["normal_accuracy"]), _fmt(record["rotated_accuracy"]),
+            _fmt(record.get("global_accuracy")))
 
     def should_evaluate(self, t: int) -> bool:
         cfg = self.cfg

@@ -186,7 +186,7 @@ class TCT(FedAvg):
             self.standardization = ArrayRecord({"mean": mean, "std": std})
         evaluator.load(experiment.arrays)
         net, coords = entk_setup(evaluator.model, cfg)
-        path = state_root(cfg) / f"server-{experiment.name}" / "test-features.npy"
+        path = state_root(cfg) / f"server-{experiment.name}-{experiment.run_token}" / "test-features.npy"
         require_disk(path.parent, feature_bytes(len(evaluator.test), cfg), "the server's test features")
         raw = open_feature_file(path, (len(evaluator.test), len(coords)), FEATURE_DTYPES[str(cfg.tct.feature_dtype)])
         extract_features(net, evaluator.test.x, coords, raw, str(cfg.tct.entk_method), int(cfg.tct.entk_batch_size))

@@ -21,7 +21,10 @@ CASES = {
     "local_update-adam": "algorithm=local_update local_update.steps=3 server_opt.name=adam server_opt.lr=0.01",
     "fedavg-fedavgm": "algorithm=fedavg server_opt.name=fedavgm server_opt.lr=0.5",
     "lg_fedavg": "algorithm=lg_fedavg lg.fedavg_rounds=2 lg.global_part=[fc2]",
-    "tct": "algorithm=tct tct.stage1_rounds=2 tct.features=64 tct.local_steps=2",
+    "lg_fedavg-online": ("algorithm=lg_fedavg lg.fedavg_rounds=1 lg.global_part=[fc2] rounds=2 "
+                         "data.online_device.enabled=true data.online_device.train_size=100 "
+                         "data.online_device.test_size=30 online.rounds=3 online.fraction=0.4"),  # cut in online round 2
+    "tct": "algorithm=tct tct.stage1_rounds=2 tct.features=64 tct.local_steps=2 rounds=8",
 }
 STOP_ROUND = 4
 
@@ -149,3 +152,13 @@ def test_a_comparison_resumes_each_variant_from_its_own_folder(tmp_path, stop_va
     drop = ("out_dir", "wall_time_s")
     assert ({v: {k: x for k, x in row.items() if k not in drop} for v, row in resumed["comparison"].items()}
             == {v: {k: x for k, x in row.items() if k not in drop} for v, row in whole["comparison"].items()})
+
+
+def test_a_fresh_run_in_an_old_folder_drops_the_old_snapshots(tmp_path):
+    common = f"{BASE} algorithm=fedrep rounds=2 out_dir={tmp_path / 'run'}"
+    _run(LocalGrid, common)
+    stale = tmp_path / "run" / "checkpoint" / "clients" / "client0" / "round000099.pt"
+    stale.write_bytes(b"an older run's snapshot")
+    _run(LocalGrid, f"{common} train.lr=0.2")
+    assert not stale.exists()
+    assert (tmp_path / "run" / "checkpoint" / "server.pt").is_file()
