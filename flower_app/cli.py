@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -45,9 +46,9 @@ def _outcome(out: Path | None) -> int:
     return 0
 
 
-def _out_dir(cfg) -> Path | None:
+def _out_dir(cfg, default: Path | None = None) -> Path | None:
     """The run's output directory (its old summary removed), when it is known in advance."""
-    where = cfg.resume or cfg.out_dir
+    where = cfg.resume or cfg.out_dir or default
     out = Path(str(where)).expanduser().resolve() if where else None
     if out is not None and (out / "summary.json").exists():
         (out / "summary.json").unlink()
@@ -65,11 +66,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     try:
         run_blocking(args.experiment, overrides, int(cfg.data.num_clients),
                      float(cfg.simulation.client_cpus), float(cfg.simulation.client_gpus))
-    except (KeyboardInterrupt, SystemExit) as err:  # Ctrl-C, or SIGTERM through Ray's handler
-        where = str(out) if out is not None else "<its output directory>"
-        print(f"flrep: run interrupted ({type(err).__name__}); continue it from its last checkpoint with the same "
-              f"command and resume={where}", file=sys.stderr)
-        exit_interrupted(130)
+    except (KeyboardInterrupt, SystemExit) as err:  # the simulation's threads would keep the process alive
+        if isinstance(err, KeyboardInterrupt) or err.code == signal.SIGTERM:  # Ctrl-C, SIGTERM via Ray's handler
+            where = str(out) if out is not None else "<its output directory>"
+            print(f"flrep: run interrupted ({type(err).__name__}); continue it from its last checkpoint with the "
+                  f"same command and resume={where}", file=sys.stderr)
+            exit_interrupted(130)
+        print(f"flrep: run failed: the simulation exited with code {err.code}", file=sys.stderr)
+        exit_interrupted(1)
     except BaseException as err:  # noqa: BLE001 - report any failure as a non-zero exit
         traceback.print_exc()
         print(f"flrep: run failed: {type(err).__name__}: {err}", file=sys.stderr)
@@ -87,7 +91,9 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
     overrides, cfg = prepared
     if cfg.data.root is not None:  # the SuperLink runs the app from its own copy: paths must be absolute
         overrides.append(f"data.root={cfg.data.root}")
-    out = _out_dir(cfg) or Path("outputs") / f"{args.experiment}-deploy"
+    if cfg.resume:
+        overrides.append(f"resume={Path(str(cfg.resume)).expanduser().resolve()}")
+    out = _out_dir(cfg, Path("outputs") / f"{args.experiment}-deploy")
     try:
         keys = load_deployment_keys(Path(args.tls), args.nodes) if args.tls else None
         with LocalDeployment(out / "deployment", keys) as deployment:
@@ -102,7 +108,7 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
                     deployment.register(keys.node_keys[i][1])
                 deployment.start_supernode(i, node, key)
             print(f"flrep: SuperLink on {deployment.address} with {args.nodes} SuperNodes; logs in {deployment.work}")
-            deployment.run(args.experiment, overrides + [f"out_dir={out.resolve()}"])
+            deployment.run(args.experiment, overrides + [f"out_dir={out}"])
     except ConfigError as err:
         print(f"flrep: configuration error: {err}", file=sys.stderr)
         return 2
@@ -110,13 +116,18 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
         traceback.print_exc()
         print(f"flrep: deployment failed: {type(err).__name__}: {err}", file=sys.stderr)
         return 1
-    return _outcome(out.resolve())
+    return _outcome(out)
 
 
 def _cmd_certs(args: argparse.Namespace) -> int:
     from flower_app.certs import make_deployment_keys
 
-    keys = make_deployment_keys(Path(args.out), args.nodes, args.host, force=args.force)
+    try:
+        keys = make_deployment_keys(Path(args.out), args.nodes, args.host, force=args.force)
+    except FileExistsError as err:
+        print(f"flrep: configuration error: {err.filename} exists: these keys may be in use; "
+              "give another --out, or --force to replace them", file=sys.stderr)
+        return 2
     print(f"flrep: CA {keys.ca}, SuperLink certificate {keys.server_cert} (hosts {', '.join(args.host)}), "
           f"{len(keys.node_keys)} SuperNode key pairs node-<i>.key / node-<i>.pub in {Path(args.out).resolve()}")
     return 0

@@ -171,8 +171,11 @@ class LocalDeployment:
                     process.wait(timeout=10)
                 except subprocess.TimeoutExpired:
                     _signal_group(process, signal.SIGKILL)
-                    process.wait(timeout=10)
             _signal_group(process, signal.SIGKILL)  # children left in the group (ClientApp processes)
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # not reaped yet; SIGKILL has been sent, go on with the others
+                pass
 
 
 def _signal_group(process: subprocess.Popen, sig: int) -> None:

@@ -81,6 +81,7 @@ class Federation:
     node_of: dict[int, int]  # partition id -> node id
     train_size: dict[int, int] = field(default_factory=dict)  # partition id -> training examples
     own_data: bool = False  # the nodes hold their own data (node config data-path): they evaluate themselves
+    strangers: set[int] = field(default_factory=set)  # nodes that serve no client of this run: not asked again
     pid_of: dict[int, int] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -91,48 +92,64 @@ class Federation:
 
 
 def connect(grid: Grid, num_clients: int, traffic: Traffic, wait_s: float = NODE_WAIT_S,
-            handshake: ConfigRecord | None = None) -> Federation:
+            handshake: ConfigRecord | None = None, timeout: float | None = None) -> Federation:
     """Wait up to ``wait_s`` for ``num_clients`` nodes, ask each which partition it serves
-    (sending ``handshake``), check the mapping."""
+    (sending ``handshake``, waiting up to ``timeout`` seconds for the answers), check the
+    mapping. Extra nodes (a SuperLink may still list a SuperNode that just died) may fail or
+    serve other partitions, as long as every client of the run is served."""
     deadline = time.monotonic() + wait_s
     while len(nodes := list(grid.get_node_ids())) < num_clients and time.monotonic() < deadline:
         time.sleep(0.5)
-    if len(nodes) != num_clients:
+    if len(nodes) < num_clients:
         raise ConfigError(
             f"data.num_clients: the run has {num_clients} clients but the federation has {len(nodes)} "
             f"SuperNodes after waiting faults.node_wait_s={wait_s:g} s; in simulation start it with "
             f"num-supernodes={num_clients} (flwr run . --federation-config \"num-supernodes={num_clients}\"), "
             f"in a deployment start {num_clients} SuperNodes, or set data.num_clients={len(nodes)}"
         )
+    answers, failures = _ask_partitions(grid, nodes, traffic, handshake, timeout)
     fed = Federation({}, {})
     own: dict[int, bool] = {}
-    for pid, node, size, own[node] in _ask_partitions(grid, nodes, traffic, handshake):
+    for pid, node, size, has_own in answers:
+        if not 0 <= pid < num_clients:
+            log(WARNING, "node %d serves partition %d, which is not part of this run: ignored", node, pid)
+            fed.strangers.add(node)
+            continue
         if pid in fed.node_of:
             raise ConfigError(f"partition-id {pid} is served by two nodes ({fed.node_of[pid]}, {node})")
-        fed.node_of[pid], fed.train_size[pid] = node, size
+        fed.node_of[pid], fed.train_size[pid], own[node] = node, size, has_own
     fed.__post_init__()
+    missing = sorted(set(range(num_clients)) - set(fed.node_of))
+    if missing:
+        failed = "; ".join(f"node {node}: {reason}" for node, reason in list(failures.items())[:5])
+        raise ConfigError(f"data.num_clients: no node serves partition ids {missing[:10]}"
+                          + (f" (failed start-up handshakes: {failed})" if failed else ""))
+    for node, reason in failures.items():
+        log(WARNING, "node %d failed its start-up handshake (every client is served by the others): %s", node, reason)
     fed.own_data = any(own.values())
     if fed.own_data and not all(own.values()):
         lacking = sorted(fed.pid_of[n] for n, has in own.items() if not has)
         raise ConfigError(f"node config: the SuperNodes of partitions {lacking[:10]} have no data-path while the others "
                           "load their own data; give every SuperNode a data-path (or none)")
-    missing = sorted(set(range(num_clients)) - set(fed.node_of))
-    if missing:
-        raise ConfigError(f"data.num_clients: no node serves partition ids {missing[:10]}")
     return fed
 
 
-def rejoin(grid: Grid, fed: Federation, traffic: Traffic, handshake: ConfigRecord | None = None) -> list[int]:
+def rejoin(grid: Grid, fed: Federation, traffic: Traffic, handshake: ConfigRecord | None = None,
+           timeout: float | None = None) -> list[int]:
     """Adopt nodes that connected after the start (a restarted SuperNode gets a new node id
-    but serves the same partition): handshake them and map their partitions to them.
-    Returns the partition ids that moved to a new node."""
-    new = [n for n in grid.get_node_ids() if n not in fed.pid_of]
+    but serves the same partition): handshake them (waiting up to ``timeout`` seconds) and map
+    their partitions to them. Returns the partition ids that moved to a new node."""
+    new = [n for n in grid.get_node_ids() if n not in fed.pid_of and n not in fed.strangers]
     if not new:
         return []
     moved = []
-    for pid, node, size, _ in _ask_partitions(grid, new, traffic, handshake, strict=False):
+    answers, failures = _ask_partitions(grid, new, traffic, handshake, timeout)
+    for node, reason in failures.items():
+        log(WARNING, "node %d failed its handshake: %s", node, reason)
+    for pid, node, size, _ in answers:
         if pid not in fed.node_of:
             log(WARNING, "node %d serves partition %d, which is not part of this run: ignored", node, pid)
+            fed.strangers.add(node)
             continue
         log(INFO, "[flrep] client %d rejoined on node %d (was node %d)", pid, node, fed.node_of[pid])
         fed.node_of[pid], fed.train_size[pid] = node, size
@@ -142,25 +159,30 @@ def rejoin(grid: Grid, fed: Federation, traffic: Traffic, handshake: ConfigRecor
 
 
 def _ask_partitions(grid: Grid, nodes: list[int], traffic: Traffic, handshake: ConfigRecord | None,
-                    strict: bool = True) -> list[tuple[int, int, int, bool]]:
-    """(partition id, node id, training examples, own data) of every node that answers ``query.info``;
-    a failed answer raises at start (``strict``) and is logged later."""
+                    timeout: float | None = None) -> tuple[list[tuple[int, int, int, bool]], dict[int, str]]:
+    """(partition id, node id, training examples, own data) of every node that answers ``query.info``
+    within ``timeout`` seconds, and why each other node did not (node id -> reason)."""
     messages = [Message(RecordDict({CONFIG: handshake or ConfigRecord()}), dst_node_id=node, message_type="query.info")
                 for node in nodes]
     traffic.sent(messages, "handshake")
-    replies = list(grid.send_and_receive(messages))
+    replies = list(grid.send_and_receive(messages, timeout=timeout))
     traffic.received(replies, "handshake")
-    out = []
+    node_of_message = {msg.metadata.message_id: node for msg, node in zip(messages, nodes)}
+    asked = set(nodes)
+    answers, failures = [], {}
     for rep in replies:
+        node = rep.metadata.src_node_id  # or, for an error made by the SuperLink, the node it was meant for
+        node = node if node in asked else node_of_message.get(rep.metadata.reply_to_message_id, node)
         if rep.has_error():
-            if strict:
-                raise ConfigError(f"node {rep.metadata.src_node_id} failed the start-up handshake: {rep.error.reason}")
-            log(WARNING, "node %d failed its handshake: %s", rep.metadata.src_node_id, rep.error.reason)
+            failures[node] = rep.error.reason
             continue
         metrics = rep.content[METRICS]
-        out.append((int(metrics["partition-id"]), rep.metadata.src_node_id, int(metrics["num-train"]),
-                    bool(metrics.get("own-data", 0.0))))
-    return out
+        answers.append((int(metrics["partition-id"]), node, int(metrics["num-train"]),
+                        bool(metrics.get("own-data", 0.0))))
+    answered = {node for _, node, _, _ in answers} | set(failures)
+    silent = "no answer" if timeout is None else f"no answer within {timeout:g} s"
+    failures.update({node: silent for node in nodes if node not in answered})
+    return answers, failures
 
 
 def exchange(grid: Grid, messages: list[Message], traffic: Traffic, fed: Federation, phase: str,

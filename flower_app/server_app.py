@@ -178,15 +178,13 @@ class Experiment:
     def train_round(self, t: int, fed: Federation, pids: list[int] | None = None) -> dict:
         if pids is None:
             pids = sample_clients(self.trainable, self.num_sampled, int(self.cfg.seed), t)
-        if rejoin(self.grid, fed, self.traffic, self.handshake(restore_round=t - 1)):  # a restarted node
-            self.observe_population(fed)
         config = ConfigRecord({"lr": float(self.cfg.train.lr) * float(self.cfg.train.lr_decay) ** (t - 1),
                                "variant": self.cfg.label})
         messages = list(self.strategy.configure_train(t, self.arrays, config, NodeSubset(self.grid, fed.nodes(pids))))
         template = getattr(self.strategy, "reply_template", same_arrays_as_sent)
         replies, failed = self.exchange(messages, fed, "train", template)
         record = {"round": t, "phase": "train", "clients": pids, **failure_fields(failed)}
-        minimum = int(self.cfg.faults.min_replies)
+        minimum = min(int(self.cfg.faults.min_replies), len(messages))  # online rounds ask fewer clients
         if len(replies) < minimum:
             log(WARNING, "[flrep] round %d skipped: %d sound replies, faults.min_replies=%d", t, len(replies), minimum)
             record["skipped"] = True
@@ -199,13 +197,17 @@ class Experiment:
             record.update({k: float(v) for k, v in metrics.items()})
         return record
 
+    @property
+    def reply_timeout(self) -> float | None:
+        """``faults.reply_timeout_s``: how long to wait for replies (None: until each arrives or fails)."""
+        timeout = self.cfg.faults.reply_timeout_s
+        return None if timeout is None else float(timeout)
+
     def exchange(self, messages: list[Message], fed: Federation, phase: str,
                  template: TemplateFn | None = None) -> tuple[list[Message], dict[int, str]]:
         """Send ``messages``, screen the replies (``faults.reply_timeout_s``), tell the strategy
         which nodes failed; the sound replies and why the others failed (partition id -> reason)."""
-        timeout = self.cfg.faults.reply_timeout_s
-        replies, failed = exchange(self.grid, messages, self.traffic, fed, phase, template,
-                                   None if timeout is None else float(timeout))
+        replies, failed = exchange(self.grid, messages, self.traffic, fed, phase, template, self.reply_timeout)
         observe = getattr(self.strategy, "observe_failures", None)
         if observe is not None and failed:
             observe(fed.nodes(p for p in failed if p in fed.node_of))
@@ -334,6 +336,7 @@ class Experiment:
         for s in range(max(1, self.next_round - start), rounds + 1):  # a resumed run goes on where it stopped
             t = start + s
             pids = [device] + (sample_clients(self.trainable, others, int(cfg.seed), t) if others else [])
+            self.adopt_restarted(t, fed)
             record = self.train_round(t, fed, pids)
             record["phase"] = "online-train"
             self.recorder.log(record)
@@ -363,6 +366,11 @@ class Experiment:
         return (t % int(cfg.eval.every) == 0 or t > int(cfg.rounds) - int(cfg.eval.final_window) or t == 1
                 or (required is not None and required(t)))
 
+    def adopt_restarted(self, t: int, fed: Federation) -> None:
+        """Before round ``t``: hand restarted SuperNodes (new node ids) their clients, restored to round ``t - 1``."""
+        if rejoin(self.grid, fed, self.traffic, self.handshake(restore_round=t - 1), self.reply_timeout):
+            self.observe_population(fed)
+
     def observe_population(self, fed: Federation) -> None:
         """Tell the strategy every training client's node and size (hook)."""
         observe = getattr(self.strategy, "observe_population", None)
@@ -373,7 +381,7 @@ class Experiment:
     def start_federation(self) -> Federation:
         """Connect to the nodes (handshake) and tell the strategy who they are (hooks)."""
         fed = connect(self.grid, self.data.num_clients, self.traffic, float(self.cfg.faults.node_wait_s),
-                      self.handshake(self.next_round - 1 if self.resumed is not None else -1))
+                      self.handshake(self.next_round - 1 if self.resumed is not None else -1), self.reply_timeout)
         if self.resumed is not None:
             checkpoint.restore_node_sets(self.strategy, fed.node_of)
         self.observe_population(fed)
@@ -391,6 +399,7 @@ class Experiment:
         loop_start, first_round = time.monotonic(), self.next_round
         prepare = getattr(self.strategy, "prepare_round", None)
         for t in range(self.next_round, 0 if self.main_done else rounds + 1):
+            self.adopt_restarted(t, fed)
             phase_record = prepare(t, self, fed) if prepare is not None else None
             if phase_record is not None:
                 phase_record.update(self.traffic.as_dict(), elapsed_s=time.monotonic() - self.start)

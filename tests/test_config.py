@@ -1,7 +1,7 @@
 """Every configuration error stops the run before round 1 with a message naming the key."""
 
 import pytest
-from flwr.app import Message
+from flwr.app import Error, Message
 
 from flower_app.cli import main as flrep
 from flower_app.config import PROJECT_DIR, clients_per_round, load_config, validate_with_data
@@ -92,14 +92,46 @@ def test_handshake_maps_partitions_to_nodes():
         def get_node_ids(self):
             return [7, 9]
 
-        def send_and_receive(self, messages):
+        def send_and_receive(self, messages, timeout=None):
             pid = {7: 1, 9: 0}
-            return [Message(reply(None, **{"partition-id": pid[m.metadata.dst_node_id], "num-train": 5 + pid[m.metadata.dst_node_id]}),
-                            reply_to=m) for m in messages]
+            replies = [Message(reply(None, **{"partition-id": pid[m.metadata.dst_node_id],
+                                              "num-train": 5 + pid[m.metadata.dst_node_id]}), reply_to=m)
+                       for m in messages]
+            for m, rep in zip(messages, replies):
+                rep.metadata.__dict__["_src_node_id"] = m.metadata.dst_node_id
+            return replies
 
     fed = connect(Grid(), 2, Traffic(), wait_s=0)
     assert fed.node_of == {0: 9, 1: 7}
     assert fed.train_size == {0: 5, 1: 6}
+
+
+def test_handshake_tolerates_extra_nodes_but_names_the_failures_behind_a_missing_client():
+    """A SuperLink may still list a SuperNode that died (it fails its handshake) or a node of
+    another federation (it serves a partition outside the run)."""
+    class Grid:
+        def __init__(self, answers):
+            self.answers = answers  # node id -> partition id, or an error reason
+
+        def get_node_ids(self):
+            return list(self.answers)
+
+        def send_and_receive(self, messages, timeout=None):
+            out = []
+            for m in messages:
+                answer = self.answers[m.metadata.dst_node_id]
+                content = (Error(code=0, reason=answer) if isinstance(answer, str)
+                           else reply(None, **{"partition-id": answer, "num-train": 4}))
+                rep = Message(content, reply_to=m)
+                rep.metadata.__dict__["_src_node_id"] = m.metadata.dst_node_id
+                out.append(rep)
+            return out
+
+    fed = connect(Grid({1: 0, 2: "node unavailable", 3: 1, 4: 7}), 2, Traffic(), wait_s=0)
+    assert fed.node_of == {0: 1, 1: 3} and fed.strangers == {4}
+    with pytest.raises(ConfigError, match=r"no node serves partition ids \[1\] \(failed start-up handshakes: "
+                                          r"node 3: ConfigError: node config data-path='/x' does not exist\)"):
+        connect(Grid({1: 0, 3: "ConfigError: node config data-path='/x' does not exist"}), 2, Traffic(), wait_s=0)
 
 
 def test_cli_exits_non_zero_on_config_error(capsys):
