@@ -217,8 +217,9 @@ class Experiment:
         pids = self.trainable if pids is None else pids
         record: dict = {"round": t, "phase": "eval"}
         on_server = getattr(self.strategy, "evaluate_on_server", None)
-        scores = on_server(t, self.arrays, self.data.global_test,
-                           {p: self.data.client_test[p] for p in pids}) if on_server is not None else None
+        # nodes with their own data: the server's copy has none of their test splits to score
+        client_idx = {} if fed.own_data else {p: self.data.client_test[p] for p in pids}
+        scores = on_server(t, self.arrays, self.data.global_test, client_idx) if on_server is not None else None
         if scores is not None:  # the strategy scores its own (non-model) arrays, e.g. TCT's stage 2
             record["global_accuracy"], record["global_loss"] = scores["global_accuracy"], scores["global_loss"]
             accs, losses, failed = scores["accuracy"], scores["loss"], {}

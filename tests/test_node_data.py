@@ -181,7 +181,7 @@ def test_writers_refuse_data_they_cannot_write_back(tmp_path):
         write_node_data("mnist", tmp_path / "c", split, split)
 
 
-def _mnist_federation(tmp_path, out: str, data_paths=None, algorithm: str = "fedrep") -> dict:
+def _mnist_federation(tmp_path, out: str, data_paths=None, algorithm: str = "fedrep", extra: str = "") -> dict:
     """``algorithm`` on the tiny mnist copy, 3 clients; each node reads ``data_paths[pid]`` when given."""
     from flower_app.config import load_config
     from flower_app.server_app import Experiment
@@ -190,7 +190,7 @@ def _mnist_federation(tmp_path, out: str, data_paths=None, algorithm: str = "fed
     overrides = (f"algorithm={algorithm} wandb.enabled=false compare=[] data.name=mnist data.root={tmp_path / 'global'} "
                  f"data.cache_dir={tmp_path / 'cache'} data.normalize=false data.num_clients=3 "
                  f"data.classes_per_client=2 model.name=mlp_mnist rounds=2 train.fraction=1.0 eval.every=1 "
-                 f"eval.final_window=1 fedrep.head_epochs=2 out_dir={tmp_path / out}")
+                 f"eval.final_window=1 fedrep.head_epochs=2 out_dir={tmp_path / out} {extra}").strip()
     grid = LocalGrid(3, {"experiment": "quickstart", "overrides": overrides})
     for pid, path in (data_paths or {}).items():
         grid.contexts[grid.node_ids[pid]].node_config["data-path"] = str(path)
@@ -232,3 +232,15 @@ def test_a_node_without_data_path_or_with_other_inputs_is_refused_at_start(tmp_p
     with pytest.raises(ConfigError, match=r"start-up handshakes: node \d+: ConfigError: node config data-path=.*small.*images have shape \(20, 20\); expected \(28, 28\)"):
         _mnist_federation(tmp_path, "other-shape", {0: dirs[0], 1: dirs[1], 2: small})
     assert (tmp_path / "other-shape" / "metrics.jsonl").read_text() == ""  # no round ran
+
+
+def test_tct_with_own_data_scores_only_the_global_test_set_in_stage_two(tmp_path):
+    _global_mnist(tmp_path / "global", np.random.default_rng(8))
+    cfg = {"name": "mnist", "root": str(tmp_path / "global"), "cache_dir": str(tmp_path / "cache"), "normalize": False,
+           "num_clients": 3, "partition": "pathological", "classes_per_client": 2}
+    dirs = write_partitions(cfg, 0, tmp_path / "nodes")
+    _mnist_federation(tmp_path, "tct", dict(enumerate(dirs)), "tct", "tct.stage1_rounds=1 tct.features=32 tct.local_steps=2")
+    evals = {r["round"]: r for r in map(json.loads, (tmp_path / "tct" / "metrics.jsonl").read_text().splitlines())
+             if r["phase"] == "eval"}
+    assert evals[1]["personalized_accuracy"] is not None  # stage 1: the nodes evaluate the model themselves
+    assert evals[2]["personalized_accuracy"] is None and evals[2]["global_accuracy"] is not None
