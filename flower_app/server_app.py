@@ -188,6 +188,9 @@ class Experiment:
         if len(replies) < minimum:
             log(WARNING, "[flrep] round %d skipped: %d sound replies, faults.min_replies=%d", t, len(replies), minimum)
             record["skipped"] = True
+            skipped = getattr(self.strategy, "aggregate_skipped", None)  # state the clients already committed
+            if skipped is not None:
+                skipped(t, replies)
             return record
         new_arrays, metrics = self.strategy.aggregate_train(t, replies)
         if new_arrays is not None:

@@ -80,11 +80,22 @@ class Scaffold(FedAvg):
         shares = [self.client_share(m.metadata.src_node_id, float(m.content[METRICS][NUM_EXAMPLES])) for m in valid]
         deltas = [m.content[ARRAYS].to_torch_state_dict() for m in valid]
         moved = apply_deltas(x, deltas, shares, self.global_lr)
-        for m, share in zip(valid, shares):
-            for key, dc in m.content[CONTROL].to_torch_state_dict().items():
-                self.control[key] = self.control.get(key, torch.zeros_like(dc)) + share * dc
+        self._absorb_controls(valid, shares)
         metrics = self.train_metrics_aggr_fn([m.content for m in valid], self.weighted_by_key)
         return ArrayRecord(moved), metrics
+
+    def aggregate_skipped(self, server_round: int, replies: Iterable[Message]) -> None:
+        """A round skipped for too few replies leaves x alone, but the clients that replied keep
+        their c_i⁺: c takes their Δc_i, so it stays Σ π_i c_i."""
+        valid = [m for m in replies if not m.has_error() and CONTROL in m.content]
+        self._absorb_controls(valid, [self.client_share(m.metadata.src_node_id, float(m.content[METRICS][NUM_EXAMPLES]))
+                                      for m in valid])
+
+    def _absorb_controls(self, replies: list[Message], shares: list[float]) -> None:
+        """c ← c + Σ π_i Δc_i over ``replies``."""
+        for m, share in zip(replies, shares):
+            for key, dc in m.content[CONTROL].to_torch_state_dict().items():
+                self.control[key] = self.control.get(key, torch.zeros_like(dc)) + share * dc
 
 
 def apply_deltas(x: Tensors, deltas: list[Tensors], shares: list[float], global_lr: float) -> Tensors:

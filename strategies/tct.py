@@ -234,6 +234,11 @@ class TCT(FedAvg):
             return {ARRAYS: arrays, CONTROL: arrays}
         return {ARRAYS: arrays}
 
+    def aggregate_skipped(self, server_round: int, replies: Iterable[Message]) -> None:
+        """Stage 2 of a skipped round: SCAFFOLD's c still takes the replying clients' Δc_i."""
+        if self.linear_stage(server_round) and isinstance(self.stage2, Scaffold):
+            self.stage2.aggregate_skipped(server_round, replies)
+
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         if not self.linear_stage(server_round):

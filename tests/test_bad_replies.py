@@ -175,3 +175,29 @@ def test_a_round_with_too_few_sound_replies_is_skipped(tmp_path):
     assert record["skipped"] is True and record["failed_clients"] == [0, 1]
     for key, value in before.items():
         np.testing.assert_array_equal(experiment.arrays[key].numpy(), value)
+
+
+def test_a_skipped_scaffold_round_keeps_c_the_mean_of_the_clients_c_i(tmp_path):
+    """The clients that replied in a skipped round keep their c_i⁺: the server's c takes their
+    Δc_i (and only x stays), so c = Σ π_i c_i holds for the next round."""
+    overrides = f"{BASE} algorithm=scaffold rounds=1 faults.min_replies=4 out_dir={tmp_path}"
+    cfg = load_config("quickstart", overrides.split())
+    grid = LocalGrid(4, {"experiment": "quickstart", "overrides": overrides})
+    experiment = Experiment(grid, cfg)
+    before = {k: a.numpy().copy() for k, a in experiment.arrays.items()}
+    fed = experiment.start_federation()
+    grid.fail = {3}
+    assert experiment.train_round(1, fed)["skipped"] is True
+    for key, value in before.items():
+        np.testing.assert_array_equal(experiment.arrays[key].numpy(), value)
+    clients = [_client_control(grid, node) for node in grid.node_ids[:3]]
+    assert set(experiment.strategy.control) == set(clients[0])
+    for key, c in experiment.strategy.control.items():
+        torch.testing.assert_close(c, sum(ci[key] for ci in clients) / 4)  # uniform π_i = 1/N, c_4 = 0
+
+
+def _client_control(grid: LocalGrid, node: int) -> dict[str, torch.Tensor]:
+    """The c_i a client keeps in its node state."""
+    state = grid.contexts[node].state
+    (key,) = [k for k in state.keys() if k.endswith("scaffold-ci")]
+    return state[key].to_torch_state_dict()
