@@ -27,6 +27,7 @@ import torch
 from flwr.app import ArrayRecord
 from omegaconf import DictConfig, OmegaConf
 
+from strategies.state_store import save_atomic
 from task.errors import ConfigError
 
 SERVER_FILE = "server.pt"
@@ -74,11 +75,9 @@ def save(out_dir: Path, state: dict[str, Any]) -> Path:
     folder = checkpoint_dir(out_dir)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / SERVER_FILE
-    tmp = path.with_suffix(".tmp")
     state = dict(state, rng={"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
                              "python": random.getstate()})
-    torch.save(state, tmp)
-    tmp.replace(path)
+    save_atomic(state, path)
     return path
 
 

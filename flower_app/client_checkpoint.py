@@ -23,6 +23,7 @@ from flwr.clientapp.typing import ClientAppCallable
 from flwr.common.logger import log
 
 from strategies.common import CONFIG
+from strategies.state_store import save_atomic
 
 LOCATION = "flrep-checkpoint"  # context.state entry: where this node's snapshots go
 SNAPSHOT_TYPES = ("train", "evaluate", "query.entk")  # messages that may change client state
@@ -95,9 +96,7 @@ def _snapshot(context: Context, variant: str, server_round: int) -> None:
             else:
                 entries[key] = {"config": config}
     path = folder / f"round{server_round:06d}.pt"
-    tmp = path.with_suffix(".tmp")
-    torch.save({"variant": variant, "entries": entries}, tmp)
-    tmp.replace(path)
+    save_atomic({"variant": variant, "entries": entries}, path)
     for old in sorted(folder.glob("round*.pt"))[:-KEEP]:
         old.unlink()
         shutil.rmtree(old.with_suffix(".files"), ignore_errors=True)

@@ -20,9 +20,10 @@ from omegaconf.errors import OmegaConfBaseException
 
 from task.errors import ConfigError
 from task.models import MODEL_NAMES
+from task.sources import APP_DIR
 from task.sources import DATASET_NAMES
 
-PROJECT_DIR = Path(__file__).resolve().parents[1]
+PROJECT_DIR = APP_DIR  # relative data.root values are resolved against it
 CONF_DIR = PROJECT_DIR / "conf"
 FEDAVG_SERVER_OPTS = ("none", "fedavgm", "fedadam")
 FINETUNE_PARTS = ("head", "full")

@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 
 from flower_app.certs import DeploymentKeys
+from flower_app.config import PROJECT_DIR as APP_DIR
 from task.errors import ConfigError
 
-APP_DIR = Path(__file__).resolve().parents[1]
 CONNECTION = "flrep-local"
 ENV = {"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
 

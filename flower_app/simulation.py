@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-from pathlib import Path
 from typing import NoReturn
 
 from flwr.app import Context, RecordDict
@@ -26,7 +25,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.supercore.telemetry import EventType
 
-APP_DIR = Path(__file__).resolve().parents[1]
+from flower_app.config import PROJECT_DIR as APP_DIR
 
 
 def run_blocking(experiment: str, overrides: list[str], num_supernodes: int, client_cpus: float, client_gpus: float) -> None:

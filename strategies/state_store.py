@@ -44,10 +44,16 @@ def keep_arrays(rt: ClientRuntime, name: str, tensors: dict[str, torch.Tensor]) 
         return
     path = node_file(rt, name)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save({k: t.detach().cpu() for k, t in tensors.items()}, tmp)
-    tmp.replace(path)
+    save_atomic({k: t.detach().cpu() for k, t in tensors.items()}, path)
     rt.state[key] = ConfigRecord({"path": str(path)})
+
+
+def save_atomic(obj: object, path: Path) -> None:
+    """``torch.save`` to a new file that replaces ``path`` (readers, and hard links to the
+    old file, never see a half-written one)."""
+    tmp = path.with_suffix(".tmp")
+    torch.save(obj, tmp)
+    tmp.replace(path)
 
 
 def kept_arrays(rt: ClientRuntime, name: str) -> dict[str, torch.Tensor] | None:

@@ -136,12 +136,12 @@ def write_node_data(name: str, out: str | os.PathLike, train: ArrayData, test: A
 
 def write_partitions(data_cfg: Mapping, seed: int, out: str | os.PathLike) -> list[Path]:
     """Write client ``i`` of the simulation's partition of ``data_cfg`` / ``seed`` to
-    ``out/node-{i}``; returns those directories. Indices come from
-    ``build_federated_data(data_cfg, seed)``, samples from its ``normalize=false`` twin
-    (same sample order, and the same online-device copies)."""
+    ``out/node-{i}``; returns those directories. Indices and samples come from the
+    ``normalize=false`` twin of ``build_federated_data(data_cfg, seed)`` (normalisation
+    changes neither the partition nor the sample order)."""
     name = _file_based(cfg_get(data_cfg, "name"), "write_partitions")
-    fed = build_federated_data(data_cfg, seed)
-    raw = build_federated_data({**to_plain(data_cfg), "normalize": False}, seed).bundle
+    fed = build_federated_data({**to_plain(data_cfg), "normalize": False}, seed)  # partitions follow the labels only
+    raw = fed.bundle
     return [
         write_node_data(name, Path(out) / f"node-{i}", _take(raw.train, tr), _take(raw.test, te), raw.meta)
         for i, (tr, te) in enumerate(zip(fed.client_train, fed.client_test))

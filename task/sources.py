@@ -75,7 +75,7 @@ from task.datasets.image_folder import load_image_folder
 from task.datasets.images import normalize_images
 from task.errors import ConfigError
 
-APP_DIR = Path(__file__).resolve().parents[1]  # where relative data.root values point (flower_app.config)
+APP_DIR = Path(__file__).resolve().parents[1]  # the app's root: relative data.root values are resolved against it
 
 DATASET_NAMES: tuple[str, ...] = (
     "digits",
