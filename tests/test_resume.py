@@ -131,7 +131,7 @@ def test_a_restarted_supernode_finds_its_state_in_its_state_dir(tmp_path, algori
     assert kept["failed_client_replies"] == 0  # the server adopted the new node before it sent again
     assert _metrics(tmp_path / "kept") == _metrics(tmp_path / "whole")
     assert kept["personalized_accuracy"] == whole["personalized_accuracy"]
-    lost = restarted("lost", tmp_path / "empty-disk")  # the node came back without its disk
+    restarted("lost", tmp_path / "empty-disk")  # the node came back without its disk
     assert _metrics(tmp_path / "lost") != _metrics(tmp_path / "whole")
 
 
