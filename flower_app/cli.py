@@ -95,6 +95,12 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
         overrides.append(f"resume={Path(str(cfg.resume)).expanduser().resolve()}")
     out = _out_dir(cfg, Path("outputs") / f"{args.experiment}-deploy")
     try:
+        if args.node_data:  # each SuperNode i reads <node-data>/node-<i>
+            missing = [str(Path(args.node_data) / f"node-{i}") for i in range(args.nodes)
+                       if not (Path(args.node_data) / f"node-{i}").is_dir()]
+            if missing:
+                raise ConfigError(f"--node-data: no node folder {', '.join(missing[:4])} (write them with flrep "
+                                  "split-data, one node-<i> folder per SuperNode)")
         keys = load_deployment_keys(Path(args.tls), args.nodes) if args.tls else None
         with LocalDeployment(out / "deployment", keys) as deployment:
             deployment.start_superlink()

@@ -108,6 +108,18 @@ def test_an_authenticated_supernode_joins_and_an_unregistered_key_is_refused(tmp
         assert deployment.processes["supernode-0"].poll() is None
 
 
+def test_deploy_names_missing_node_data_and_keys_before_starting_anything(tmp_path, capsys):
+    from flower_app.cli import main as flrep
+
+    (tmp_path / "nodes" / "node-0").mkdir(parents=True)
+    args = ["deploy", "--nodes", "2", "quickstart", "compare=[]", "--out", str(tmp_path / "out")]
+    assert flrep(args + ["--node-data", str(tmp_path / "nodes")]) == 2
+    assert "--node-data: no node folder" in capsys.readouterr().err
+    assert flrep(args + ["--tls", str(tmp_path / "no-keys")]) == 2
+    assert "TLS files missing" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "deployment").exists()  # no process was started
+
+
 def test_missing_certificates_and_an_unreachable_superlink_are_named(tmp_path):
     with pytest.raises(ConfigError, match=r"TLS files missing: .*ca\.crt"):
         load_deployment_keys(tmp_path / "nowhere", 2)
