@@ -26,6 +26,16 @@ def _start_nodes(deployment: LocalDeployment, nodes: int) -> None:
         deployment.start_supernode(i, {"partition-id": i, "num-partitions": nodes})
 
 
+def _run_in_background_until_round_one_ends(deployment: LocalDeployment, overrides: list[str], out) -> threading.Thread:
+    """Start the run on a thread and return once round 1 was evaluated (the run goes on)."""
+    runner = threading.Thread(target=deployment.run, args=("quickstart", overrides), kwargs={"timeout_s": 420})
+    runner.start()
+    deadline = time.monotonic() + 240
+    while not any(r["phase"] == "eval" and r["round"] == 1 for r in _records(out)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return runner
+
+
 def test_fedrep_runs_on_a_superlink_with_three_supernodes(tmp_path):
     out = tmp_path / "out"
     with LocalDeployment(tmp_path / "deployment") as deployment:
@@ -48,11 +58,7 @@ def test_a_killed_supernode_does_not_end_the_run(tmp_path):
         _start_nodes(deployment, 3)
         overrides = RUN + ["algorithm=fedavg", "rounds=3", "data.num_clients=3", "faults.reply_timeout_s=60",
                            f"out_dir={out}"]
-        runner = threading.Thread(target=deployment.run, args=("quickstart", overrides), kwargs={"timeout_s": 420})
-        runner.start()
-        deadline = time.monotonic() + 240
-        while not any(r["phase"] == "eval" for r in _records(out)) and time.monotonic() < deadline:
-            time.sleep(0.5)
+        runner = _run_in_background_until_round_one_ends(deployment, overrides, out)
         deployment.stop("supernode-2")  # the node of partition 2 dies after round 1
         runner.join()
     summary = json.loads((out / "summary.json").read_text())
@@ -73,11 +79,7 @@ def test_a_restarted_supernode_rejoins_with_the_state_it_kept_on_disk(tmp_path):
             deployment.start_supernode(i, node[i])
         overrides = RUN + ["algorithm=fedrep", "rounds=3", "data.num_clients=3", "faults.reply_timeout_s=60",
                            f"out_dir={out}"]
-        runner = threading.Thread(target=deployment.run, args=("quickstart", overrides), kwargs={"timeout_s": 420})
-        runner.start()
-        deadline = time.monotonic() + 240
-        while not any(r["phase"] == "eval" for r in _records(out)) and time.monotonic() < deadline:
-            time.sleep(0.5)
+        runner = _run_in_background_until_round_one_ends(deployment, overrides, out)
         deployment.stop("supernode-2")  # partition 2's node goes down after round 1 and comes back
         deployment.start_supernode(2, node[2], name="supernode-2-restarted")
         runner.join()
@@ -140,12 +142,7 @@ def test_a_deployment_stopped_mid_run_resumes_to_the_same_metrics(tmp_path):
     cut = tmp_path / "cut"
     with LocalDeployment(tmp_path / "cut-deployment") as deployment:
         _start_nodes(deployment, 3)
-        runner = threading.Thread(target=deployment.run, args=("quickstart", overrides + [f"out_dir={cut}"]),
-                                  kwargs={"timeout_s": 300})
-        runner.start()
-        deadline = time.monotonic() + 240
-        while not any(r["phase"] == "eval" and r["round"] == 1 for r in _records(cut)) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        runner = _run_in_background_until_round_one_ends(deployment, overrides + [f"out_dir={cut}"], cut)
         deployment.stop()  # the whole deployment goes down after round 1
         runner.join()
     assert not (cut / "summary.json").exists()
