@@ -81,7 +81,7 @@ class Federation:
     node_of: dict[int, int]  # partition id -> node id
     train_size: dict[int, int] = field(default_factory=dict)  # partition id -> training examples
     own_data: bool = False  # the nodes hold their own data (node config data-path): they evaluate themselves
-    strangers: set[int] = field(default_factory=set)  # nodes that serve no client of this run: not asked again
+    strangers: set[int] = field(default_factory=set)  # nodes serving no client of this run (or gone): not asked again
     pid_of: dict[int, int] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -126,6 +126,7 @@ def connect(grid: Grid, num_clients: int, traffic: Traffic, wait_s: float = NODE
                           + (f" (failed start-up handshakes: {failed})" if failed else ""))
     for node, reason in failures.items():
         log(WARNING, "node %d failed its start-up handshake (every client is served by the others): %s", node, reason)
+    fed.strangers.update(failures)  # not asked again each round
     fed.own_data = any(own.values())
     if fed.own_data and not all(own.values()):
         lacking = sorted(fed.pid_of[n] for n, has in own.items() if not has)
@@ -152,6 +153,7 @@ def rejoin(grid: Grid, fed: Federation, traffic: Traffic, handshake: ConfigRecor
             fed.strangers.add(node)
             continue
         log(INFO, "[flrep] client %d rejoined on node %d (was node %d)", pid, node, fed.node_of[pid])
+        fed.strangers.add(fed.node_of[pid])  # the old node is gone, though the SuperLink may list it a while
         fed.node_of[pid], fed.train_size[pid] = node, size
         moved.append(pid)
     fed.__post_init__()
