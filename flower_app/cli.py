@@ -141,7 +141,7 @@ def _cmd_certs(args: argparse.Namespace) -> int:
 
 def _cmd_split_data(args: argparse.Namespace) -> int:
     from flower_app.config import load_config
-    from task.node_data import write_partitions
+    from task.data.node_data import write_partitions
 
     try:
         cfg = load_config(args.experiment, list(args.overrides))
@@ -163,7 +163,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_lg_synthetic(args: argparse.Namespace) -> int:
-    from task.lg_synthetic import run
+    from task.analysis.lg_synthetic import run
 
     out = Path(args.out).expanduser().resolve()
     summary = run(list(args.rho), out, seed=args.seed, sigma=args.sigma)
@@ -220,15 +220,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench"]:
-        from task.benchmark import main as bench_main
+        from task.learning.benchmark import main as bench_main
 
         return bench_main(argv[1:])
     if argv[:1] == ["bench-tct"]:
-        from task.entk_benchmark import main as tct_bench_main
+        from task.tct.benchmark import main as tct_bench_main
 
         return tct_bench_main(argv[1:])
     if argv[:1] == ["pareto"]:
-        from task.pareto import main as pareto_main
+        from task.analysis.pareto import main as pareto_main
 
         return pareto_main(argv[1:])
     args = build_parser().parse_args(argv)

@@ -21,11 +21,11 @@ from strategies.common import ClientRuntime, reply, round_config
 from strategies.finetune import finetune
 from strategies.new_clients import adapt_head
 from strategies.tct import compute_entk
-from task.engine import TensorData
-from task.fairness import attribute_matrix
+from task.learning.engine import TensorData
+from task.learning.fairness import attribute_matrix
 from task.errors import ConfigError
-from task.federated_data import FederatedData, build_federated_data
-from task.node_data import check_node_data, load_node_data
+from task.data.federated_data import FederatedData, build_federated_data
+from task.data.node_data import check_node_data, load_node_data
 
 app = ClientApp(mods=[snapshot_mod])
 

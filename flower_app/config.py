@@ -19,9 +19,9 @@ from torch import nn
 from omegaconf.errors import OmegaConfBaseException
 
 from task.errors import ConfigError
-from task.models import MODEL_NAMES
-from task.sources import APP_DIR
-from task.sources import DATASET_NAMES
+from task.learning.models import MODEL_NAMES
+from task.data.sources import APP_DIR
+from task.data.sources import DATASET_NAMES
 
 PROJECT_DIR = APP_DIR  # relative data.root values are resolved against it
 CONF_DIR = PROJECT_DIR / "conf"
@@ -290,7 +290,7 @@ def _validate_local_update(cfg: DictConfig) -> None:
         _nonnegative(cfg, key)
     theta = cfg.local_update.theta
     if theta is not None:
-        from task.surrogate import Theta
+        from task.analysis.surrogate import Theta
 
         ok = OmegaConf.is_list(theta) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in theta)
         try:
@@ -306,8 +306,8 @@ def _validate_local_update(cfg: DictConfig) -> None:
 def _validate_tct(cfg: DictConfig) -> None:
     """The ``tct.*`` keys, and what a TCT run cannot combine with."""
     from strategies.tct import SOLVERS
-    from task.entk import METHODS
-    from task.tct import FEATURE_DTYPES
+    from task.tct.entk import METHODS
+    from task.tct.linear import FEATURE_DTYPES
 
     _choice(cfg, "tct.feature_dtype", FEATURE_DTYPES)
     _choice(cfg, "tct.entk_method", METHODS)
@@ -344,7 +344,7 @@ def head_groups(cfg: DictConfig, model) -> list[str]:
 def validate_with_data(cfg: DictConfig):
     """Load the data and build the seeded initial model: data-path, file-format and
     layer-name errors surface here, before any round. Returns (FederatedData, model)."""
-    from task.federated_data import build_federated_data
+    from task.data.federated_data import build_federated_data
 
     fed = build_federated_data(cfg.data, int(cfg.seed))
     model = initial_model(cfg, fed.bundle)
@@ -364,7 +364,7 @@ def validate_with_data(cfg: DictConfig):
         _require(len(cfg.fair.lambdas) == len(attrs), "fair.lambdas",
                  f"{len(cfg.fair.lambdas)} values for the {len(attrs)} protected attributes {list(attrs)}")
     if cfg.algorithm == "tct":
-        from task.entk import entk_network, parameter_count
+        from task.tct.entk import entk_network, parameter_count
 
         _require(fed.bundle.task != "regression", "algorithm", "TCT regresses one-hot class targets: it needs a classification dataset")
         size = parameter_count(entk_network(model, int(cfg.seed)))
@@ -383,12 +383,12 @@ def initial_model(cfg: DictConfig, bundle):
     """The run's model with its seeded initial weights (identical on server and clients)."""
     import torch
 
-    from task.models import build_model
+    from task.learning.models import build_model
 
     torch.manual_seed(int(cfg.seed))
     model = build_model(cfg.model.name, tuple(bundle.input_shape), int(bundle.num_classes), rep_dim=int(cfg.data.synthetic.k))
     if cfg.model.init == "scaled_orthonormal":
-        from task.linear_rep import scaled_orthonormal_init
+        from task.analysis.linear_rep import scaled_orthonormal_init
 
         scaled_orthonormal_init(model, float(cfg.train.lr), torch.Generator().manual_seed(int(cfg.seed)))
     return model

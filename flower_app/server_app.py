@@ -28,13 +28,13 @@ from flower_app.tracking import Tracker
 from strategies import ALGORITHMS
 from strategies.base import Algorithm
 from strategies.common import ARRAYS, CONFIG, body_keys
-from task.engine import TensorData, evaluate, predict
-from task.fairness import ATTRIBUTES
-from task.linear_rep import global_gradient_norm, new_client_errors, principal_angle_distance
-from task.federated_data import FederatedData
-from task.metrics import client_spread, final_window_mean
-from task.models import FairMLP, SplitModel
-from task.sampling import sample_clients
+from task.learning.engine import TensorData, evaluate, predict
+from task.learning.fairness import ATTRIBUTES
+from task.analysis.linear_rep import global_gradient_norm, new_client_errors, principal_angle_distance
+from task.data.federated_data import FederatedData
+from task.learning.metrics import client_spread, final_window_mean
+from task.learning.models import FairMLP, SplitModel
+from task.data.sampling import sample_clients
 
 app = ServerApp()
 

@@ -10,7 +10,7 @@ from flwr.serverapp.strategy import Strategy
 from omegaconf import DictConfig
 
 from strategies.common import ClientRuntime
-from task.models import SplitModel
+from task.learning.models import SplitModel
 
 ClientFn = Callable[[ClientRuntime, RecordDict], RecordDict]
 

@@ -8,9 +8,9 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from omegaconf import DictConfig
 
-from task.engine import OptimizerConfig, TensorData, TrainResult, evaluate, seeded_generator, train
-from task.fairness import ATTRIBUTES, fairness_metrics, postfit_adversary_auc, train_fair
-from task.models import FairMLP, SplitModel
+from task.learning.engine import OptimizerConfig, TensorData, TrainResult, evaluate, seeded_generator, train
+from task.learning.fairness import ATTRIBUTES, fairness_metrics, postfit_adversary_auc, train_fair
+from task.learning.models import FairMLP, SplitModel
 
 ARRAYS = "arrays"
 CONFIG = "config"

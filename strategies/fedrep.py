@@ -32,7 +32,7 @@ from strategies.common import (
     round_config,
 )
 from strategies.state_store import keep_arrays, kept_arrays
-from task.engine import TrainResult, fit_head_least_squares, train_head_on_features
+from task.learning.engine import TrainResult, fit_head_least_squares, train_head_on_features
 
 HEAD_STATE = "head"
 COLD_START_SALT = 4049  # head fits of never-sampled clients shuffle apart from training rounds

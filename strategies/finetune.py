@@ -11,7 +11,7 @@ from __future__ import annotations
 from flwr.app import RecordDict
 
 from strategies.common import ARRAYS, NUM_EXAMPLES, ClientRuntime, reply
-from task.engine import train, train_head_on_features
+from task.learning.engine import train, train_head_on_features
 
 SALT = 7919  # keeps fine-tuning shuffles distinct from any training round's
 

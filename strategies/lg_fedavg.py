@@ -33,8 +33,8 @@ from omegaconf import DictConfig
 from strategies.base import TAKE_ALL_NODES, Algorithm, all_keys
 from strategies.common import ARRAYS, CONFIG, NUM_EXAMPLES, ClientRuntime, reply, round_config
 from strategies.state_store import keep_arrays, kept_arrays
-from task.fairness import train_fair
-from task.models import FairMLP, SplitModel
+from task.learning.fairness import train_fair
+from task.learning.models import FairMLP, SplitModel
 
 LOCAL_STATE = "lg-local"
 PHASE = "lg-phase"

@@ -32,8 +32,8 @@ from torch.func import functional_call
 
 from strategies.base import TAKE_ALL_NODES, Algorithm, all_keys
 from strategies.common import ARRAYS, METRICS, NUM_EXAMPLES, ClientRuntime, reply, round_config
-from task.engine import loss_function, step_batches
-from task.surrogate import Theta
+from task.learning.engine import loss_function, step_batches
+from task.analysis.surrogate import Theta
 
 PRESETS = ("fedavg", "fedsgd", "minibatch_sgd", "fedprox", "fomaml", "maml", "custom")
 SERVER_OPTS = ("none", "heavy_ball", "nesterov", "adam")  # none: plain gradient descent

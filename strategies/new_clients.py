@@ -14,7 +14,7 @@ import torch
 from flwr.app import RecordDict
 
 from strategies.common import ARRAYS, NUM_EXAMPLES, ClientRuntime, reply
-from task.engine import train_head_on_features
+from task.learning.engine import train_head_on_features
 
 SALT = 104729  # keeps new-client shuffles apart from training and fine-tuning
 

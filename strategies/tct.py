@@ -42,9 +42,9 @@ from strategies.common import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, ClientRunti
 from strategies.fedavg import local_sgd
 from strategies.scaffold import CONTROL, Scaffold, control_update
 from strategies.state_store import keep_arrays, kept_arrays, node_file, state_root
-from task.entk import entk_network, extract_features, parameter_count, select_coordinates
+from task.tct.entk import entk_network, extract_features, parameter_count, select_coordinates
 from task.errors import ConfigError
-from task.tct import (FEATURE_DTYPES, FeatureMatrix, LocalLeastSquares, feature_moments, one_hot_targets,
+from task.tct.linear import (FEATURE_DTYPES, FeatureMatrix, LocalLeastSquares, feature_moments, one_hot_targets,
                       open_feature_file, standardization)
 
 PHASE = "tct-stage"  # round config: "fedavg" (stage 1) or "linear" (stage 2)

@@ -8,7 +8,7 @@ from flower_app.config import PROJECT_DIR, clients_per_round, load_config, valid
 from flower_app.federation import Traffic, connect
 from strategies.common import reply
 from task.errors import ConfigError
-from task.sampling import sample_clients
+from task.data.sampling import sample_clients
 
 
 def error_of(*overrides, experiment="quickstart"):

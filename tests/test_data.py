@@ -1,4 +1,4 @@
-"""Tests for task.sources and task.synthetic (dataset loading and validation)."""
+"""Tests for task.data.sources and task.data.synthetic (dataset loading and validation)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from task.errors import ConfigError
-from task.sources import DATASET_NAMES, load_source, read_idx
-from task.synthetic import make_linear_tasks
+from task.data.sources import DATASET_NAMES, load_source, read_idx
+from task.data.synthetic import make_linear_tasks
 from offline_data import shared
 
 CIFAR10_NAMES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from task.engine import OptimizerConfig, TensorData, evaluate, train, train_head_on_features
-from task.models import build_model
+from task.learning.engine import OptimizerConfig, TensorData, evaluate, train, train_head_on_features
+from task.learning.models import build_model
 
 
 def _data(n=40, seed=0):
@@ -88,7 +88,7 @@ def test_evaluate_counts_correct_predictions():
 
 
 def test_crop_flip_is_a_padded_crop_possibly_mirrored():
-    from task.engine import crop_flip
+    from task.learning.engine import crop_flip
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(64, 3, 8, 8, generator=g)

@@ -1,12 +1,12 @@
-"""eNTK features (task/entk.py): every method against the per-sample reference loop."""
+"""eNTK features (task/tct/entk.py): every method against the per-sample reference loop."""
 
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
-from task import entk
-from task.entk import (
+from task.tct import entk
+from task.tct.entk import (
     METHODS,
     entk_features,
     entk_network,
@@ -14,7 +14,7 @@ from task.entk import (
     parameter_count,
     select_coordinates,
 )
-from task.models import build_model
+from task.learning.models import build_model
 
 
 class GroupNormResidual(nn.Module):

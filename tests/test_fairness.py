@@ -10,11 +10,11 @@ from torch.nn import functional as F
 from flower_app.config import load_variants
 from flower_app.server_app import run_variants
 from strategies.common import ARRAYS
-from task.datasets.adult import load_adult
-from task.engine import OptimizerConfig, TensorData
+from task.data.datasets.adult import load_adult
+from task.learning.engine import OptimizerConfig, TensorData
 from task.errors import ConfigError
-from task.fairness import adversary_loss, postfit_adversary_auc, train_fair
-from task.models import FairMLP
+from task.learning.fairness import adversary_loss, postfit_adversary_auc, train_fair
+from task.learning.models import FairMLP
 from tests.local_grid import LocalGrid
 from tests.offline_data import shared
 

@@ -10,9 +10,9 @@ from flower_app.config import load_config, load_variants
 from flower_app.server_app import run_variants
 from strategies import ALGORITHMS, fedrep
 from strategies.common import ARRAYS, CONFIG, METRICS, ClientRuntime, body_keys, head_keys
-from task.engine import TensorData, evaluate
+from task.learning.engine import TensorData, evaluate
 from task.errors import ConfigError
-from task.models import build_model
+from task.learning.models import build_model
 from tests.local_grid import LocalGrid
 
 
@@ -165,7 +165,7 @@ def test_exact_head_solver_is_least_squares_and_orthonormalize_keeps_the_span():
     model = build_model("linear_rep", (6,), 1, rep_dim=2)
     g = torch.Generator().manual_seed(0)
     data = TensorData(torch.randn(30, 6, generator=g), torch.randn(30, generator=g))
-    from task.engine import fit_head_least_squares
+    from task.learning.engine import fit_head_least_squares
 
     fit_head_least_squares(model, ["head"], data)
     z = (data.x @ model.body.weight.T).double()
@@ -225,7 +225,7 @@ def test_new_clients_with_held_out_classes_adapt_a_head_on_the_frozen_body(tmp_p
                  "data.new_client_train_size=80 data.new_client_test_size=30 new_clients.epochs=4")
     grid = LocalGrid(30, {"experiment": "quickstart", "overrides": overrides})
     summary = run_variants(grid, load_variants("quickstart", overrides))
-    from task.federated_data import build_federated_data
+    from task.data.federated_data import build_federated_data
 
     cfg = load_variants("quickstart", overrides.split())[0]
     fed = build_federated_data(cfg.data, cfg.seed)

@@ -12,9 +12,9 @@ from flower_app.server_app import run_variants
 from strategies.common import ARRAYS, ClientRuntime
 from strategies.lg_fedavg import LOCAL_STATE, global_keys, local_keys
 from strategies.state_store import keep_arrays, kept_arrays
-from task.engine import TensorData
+from task.learning.engine import TensorData
 from task.errors import ConfigError
-from task.models import build_model
+from task.learning.models import build_model
 from tests.local_grid import LocalGrid
 
 
@@ -149,7 +149,7 @@ def test_online_device_joins_after_the_goal_with_rotated_data(tmp_path):
 
 
 def test_rotated_device_holds_rotated_copies():
-    from task.federated_data import build_federated_data
+    from task.data.federated_data import build_federated_data
 
     cfg = load_config("quickstart", ["data.num_clients=21", "data.online_device.enabled=true", "online.rounds=1",
                                      "data.online_device.train_size=30", "data.online_device.test_size=10"])

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from flower_app.cli import main
-from task.lg_synthetic import SyntheticSetting, fit_models, generate, interpolation_errors, run, theory_errors
+from task.analysis.lg_synthetic import SyntheticSetting, fit_models, generate, interpolation_errors, run, theory_errors
 
 
 def test_generator_shapes_and_local_fit_recovers_teacher():

@@ -5,8 +5,8 @@ import pytest
 
 from flower_app.config import load_variants
 from flower_app.server_app import run_variants
-from task.linear_rep import new_client_errors, principal_angle_distance
-from task.synthetic import make_linear_tasks
+from task.analysis.linear_rep import new_client_errors, principal_angle_distance
+from task.data.synthetic import make_linear_tasks
 from tests.local_grid import LocalGrid
 
 

@@ -12,7 +12,7 @@ from flower_app.config import load_config
 from flower_app.server_app import Experiment
 from strategies.common import ARRAYS, METRICS, NUM_EXAMPLES
 from strategies.local_update import LocalUpdateAdam, LocalUpdateGD, LocalUpdateNesterov, make_strategy
-from task.surrogate import (QuadraticFederation, Theta, kappa, rate, surrogate_gradient, surrogate_hessian,
+from task.analysis.surrogate import (QuadraticFederation, Theta, kappa, rate, surrogate_gradient, surrogate_hessian,
                             surrogate_minimizer, tuned_server)
 from tests.local_grid import LocalGrid
 

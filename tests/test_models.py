@@ -1,4 +1,4 @@
-"""Tests for task.models: architectures, parameter counts and body/head splitting."""
+"""Tests for task.learning.models: architectures, parameter counts and body/head splitting."""
 
 from collections import OrderedDict
 
@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from task.errors import ConfigError
-from task.models import MODEL_NAMES, SplitModel, build_model
+from task.learning.models import MODEL_NAMES, SplitModel, build_model
 
 # name -> (natural input shape, classes, total parameters, groups)
 MODELS = {

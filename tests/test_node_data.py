@@ -1,4 +1,4 @@
-"""Per-node data (task.node_data): native-format writers, loading from data-path, checks."""
+"""Per-node data (task.data.node_data): native-format writers, loading from data-path, checks."""
 
 import gzip
 import json
@@ -7,12 +7,12 @@ import struct
 import numpy as np
 import pytest
 
-from task.datasets.bundle import ArrayData, DataBundle
-from task.datasets.images import images_to_float
+from task.data.datasets.bundle import ArrayData, DataBundle
+from task.data.datasets.images import images_to_float
 from task.errors import ConfigError
-from task.federated_data import build_federated_data
-from task.node_data import check_node_data, load_node_data, write_node_data, write_partitions
-from task.sources import load_source
+from task.data.federated_data import build_federated_data
+from task.data.node_data import check_node_data, load_node_data, write_node_data, write_partitions
+from task.data.sources import load_source
 
 
 def _cfg(name, tmp_path, **extra):

@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from task.pareto import (COLUMNS, TITLES, fig1_vary_gamma, fig1_vary_k, fig2_momentum, fig3_alpha,
+from task.analysis.pareto import (COLUMNS, TITLES, fig1_vary_gamma, fig1_vary_k, fig2_momentum, fig3_alpha,
                          fig4_fedavg_vs_maml, fig5_simulated_maml, k_grid, log_kappa_and_cond_last, main,
                          write_outputs)
-from task.surrogate import QuadraticFederation, Theta, kappa, kappa_last, random_spd, suboptimality
+from task.analysis.surrogate import QuadraticFederation, Theta, kappa, kappa_last, random_spd, suboptimality
 
 KS = k_grid(num=60)
 

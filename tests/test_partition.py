@@ -1,4 +1,4 @@
-"""Tests for task.partition and task.federated_data."""
+"""Tests for task.data.partition and task.data.federated_data."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from task.errors import ConfigError
-from task.federated_data import FederatedData, build_federated_data, clear_caches
-from task.partition import PARTITIONS, group_test_split, matched_test_split, partition_train
-from task.synthetic import make_linear_tasks
+from task.data.federated_data import FederatedData, build_federated_data, clear_caches
+from task.data.partition import PARTITIONS, group_test_split, matched_test_split, partition_train
+from task.data.synthetic import make_linear_tasks
 from offline_data import shared
 
 ROOT = Path(__file__).parents[1]
@@ -257,8 +257,8 @@ def test_build_federated_data_synthetic(tmp_path):
 def test_no_flower_import():
     code = (
         "import sys, numpy as np\n"
-        "from task.partition import partition_train\n"
-        "import task.federated_data, task.sources, task.synthetic\n"
+        "from task.data.partition import partition_train\n"
+        "import task.data.federated_data, task.data.sources, task.data.synthetic\n"
         "partition_train(np.arange(100) % 10, None, {'partition': 'shard'}, 5, 0)\n"
         "bad = [m for m in sys.modules if m == 'flwr' or m.startswith('flwr.')]\n"
         "assert not bad, bad\n"

@@ -10,7 +10,7 @@ from flower_app.config import load_config, load_variants
 from flower_app.server_app import Experiment, run_variants
 from strategies.common import ARRAYS, METRICS, NUM_EXAMPLES
 from strategies.scaffold import CLIENT_CONTROL, CONTROL, Scaffold
-from task.federated_data import build_federated_data
+from task.data.federated_data import build_federated_data
 from tests.local_grid import LocalGrid
 
 CONVEX = ("wandb.enabled=false compare=[] model.name=linear data.name=synthetic_linear data.partition=natural "

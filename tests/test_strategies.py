@@ -13,8 +13,8 @@ from flower_app.federation import NodeSubset, Traffic, exchange, payload_size
 from strategies import ALGORITHMS
 from strategies.common import ARRAYS, CONFIG, METRICS, ClientRuntime, reply
 from strategies.finetune import finetune
-from task.engine import TensorData
-from task.models import build_model
+from task.learning.engine import TensorData
+from task.learning.models import build_model
 
 
 def make_runtime(overrides=(), n=20, seed=0):

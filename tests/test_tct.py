@@ -14,11 +14,11 @@ from flower_app.server_app import Experiment, run_variants
 from strategies.common import ARRAYS
 from strategies.scaffold import apply_deltas, control_update
 from strategies.tct import FEATURES, MOMENTS, STANDARDIZATION, WEIGHTS, entk_setup
-from task.entk import entk_features
+from task.tct.entk import entk_features
 from task.errors import ConfigError
-from task.federated_data import build_federated_data
-from task.models import build_model
-from task.tct import (FeatureMatrix, LocalLeastSquares, feature_moments, one_hot_targets, open_feature_file,
+from task.data.federated_data import build_federated_data
+from task.learning.models import build_model
+from task.tct.linear import (FeatureMatrix, LocalLeastSquares, feature_moments, one_hot_targets, open_feature_file,
                       standardization)
 from tests.local_grid import LocalGrid
 

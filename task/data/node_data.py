@@ -2,7 +2,7 @@
 
 In a deployment every SuperNode holds its own data in a directory named by the node config
 key ``data-path``, in the local format of ``data.name``: :func:`load_node_data` reads it with
-the reader that reads ``data.root`` (:func:`task.sources.load_source`, always
+the reader that reads ``data.root`` (:func:`task.data.sources.load_source`, always
 ``data.source=local``) and :func:`check_node_data` checks it against the model.
 :func:`write_partitions` produces such directories from a global copy: client ``i`` of the
 simulation's partition (same ``data`` config and seed, hence the same sample indices) is
@@ -12,27 +12,27 @@ source, so images are written back as the exact uint8 pixels they were decoded f
 Layout written by :func:`write_node_data` for each ``data.name``:
 
 ``mnist``, ``fashion_mnist``
-    The four gzip IDX files of :mod:`task.datasets.idx` directly in the directory:
+    The four gzip IDX files of :mod:`task.data.datasets.idx` directly in the directory:
     ``train-images-idx3-ubyte.gz``, ``train-labels-idx1-ubyte.gz``,
     ``t10k-images-idx3-ubyte.gz``, ``t10k-labels-idx1-ubyte.gz``.
 ``cifar10``, ``cifar100``
-    The python pickles of :mod:`task.datasets.cifar`: ``cifar-10-batches-py/data_batch_1`` ..
+    The python pickles of :mod:`task.data.datasets.cifar`: ``cifar-10-batches-py/data_batch_1`` ..
     ``data_batch_5`` (the train split cut into five consecutive batches) and ``test_batch``,
     or ``cifar-100-python/train`` and ``test``; each a dict with bytes keys ``b"data"``
     (uint8 (N, 3072), channel-major rows) and ``b"labels"`` / ``b"fine_labels"``. Written
     from any cifar source, including an image-folder (JPEG) global copy.
 ``image_folder``
-    PNG files ``train/<class>/<n>.png`` and ``test/<class>/<n>.png`` (:mod:`task.datasets.image_folder`;
+    PNG files ``train/<class>/<n>.png`` and ``test/<class>/<n>.png`` (:mod:`task.data.datasets.image_folder`;
     ``n`` is the sample's position in its split, 6 digits), grey (``L``) for 1-channel and
     ``RGB`` for 3-channel images. Class folders are named by ``meta["class_names"]`` (the
     reader numbers classes by sorted folder name), or by zero-padded label numbers.
 ``femnist``
-    LEAF json shards ``train/data.json`` and ``test/data.json`` (:mod:`task.datasets.femnist`):
+    LEAF json shards ``train/data.json`` and ``test/data.json`` (:mod:`task.data.datasets.femnist`):
     one LEAF user per writer id (``meta["writers"][group]``), ``x`` the 784 floats as stored
     (exact), ``y`` the LEAF label (0-61, mapped back from ``meta["class_names"]``, so any
     ``data.femnist_classes`` mode reads back the same labels).
 ``adult``
-    UCI CSV files ``adult.data`` (train) and ``adult.test`` (:mod:`task.datasets.adult`),
+    UCI CSV files ``adult.data`` (train) and ``adult.test`` (:mod:`task.data.datasets.adult`),
     their rows rebuilt from an un-normalised ``data.adult_split=uci`` load: the numeric
     columns as stored, categories decoded from the one-hot columns (``race`` / ``sex`` from
     ``ArrayData.attributes``), income from the label. These are the original file's fields
@@ -64,13 +64,13 @@ from typing import Any
 
 import numpy as np
 
-from task.datasets.adult import ADULT_CATEGORICAL, ADULT_COLUMNS, ADULT_NUMERIC, ADULT_PROTECTED
-from task.datasets.bundle import ArrayData, DataBundle
-from task.datasets.config import cfg_get, to_plain
-from task.datasets.idx import _IDX_FILES
+from task.data.datasets.adult import ADULT_CATEGORICAL, ADULT_COLUMNS, ADULT_NUMERIC, ADULT_PROTECTED
+from task.data.datasets.bundle import ArrayData, DataBundle
+from task.data.datasets.config import cfg_get, to_plain
+from task.data.datasets.idx import _IDX_FILES
 from task.errors import ConfigError
-from task.federated_data import build_federated_data
-from task.sources import load_source
+from task.data.federated_data import build_federated_data
+from task.data.sources import load_source
 
 #: The LEAF FEMNIST class of each label 0-61, as named in ``bundle.meta["class_names"]``.
 _LEAF_CLASSES = string.digits + string.ascii_uppercase + string.ascii_lowercase

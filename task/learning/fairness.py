@@ -1,6 +1,6 @@
 """Fair local representations (LG-FedAvg Section 3.3, Appendix A, Section 5.3).
 
-A :class:`~task.models.FairMLP` device model has a representation ``ℓ`` (``fc1..fc3``), a
+A :class:`~task.learning.models.FairMLP` device model has a representation ``ℓ`` (``fc1..fc3``), a
 classifier ``g`` on it and an adversary ``a`` predicting the binary protected attributes
 ``p`` from the representation. With L_g the classification loss and L_a the adversary's
 binary cross-entropy, each training step alternates (eq. 25, coordinate descent):
@@ -26,7 +26,7 @@ from sklearn.metrics import roc_auc_score
 from torch import nn
 from torch.nn import functional as F
 
-from task.engine import OptimizerConfig, TensorData, TrainResult, predict_features, step_batches
+from task.learning.engine import OptimizerConfig, TensorData, TrainResult, predict_features, step_batches
 
 
 #: The protected attributes, in the order of ``TensorData.z``'s columns and the adversary's outputs.

@@ -63,7 +63,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from task.errors import ConfigError
-from task.sources import cfg_get, get_bool, get_choice, get_float, get_int
+from task.data.sources import cfg_get, get_bool, get_choice, get_float, get_int
 
 PARTITIONS = ("iid", "pathological", "dirichlet", "shard", "natural")
 CLASS_ASSIGNMENT_MODES = ("first-deterministic", "random", "deterministic")

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from task.datasets.bundle import DataBundle
-from task.datasets.images import image_bundle
+from task.data.datasets.bundle import DataBundle
+from task.data.datasets.images import image_bundle
 from task.errors import ConfigError
 
 _IDX_FILES = {

@@ -19,8 +19,8 @@ import torch
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from task.engine import OptimizerConfig, TensorData, train
-from task.models import build_model
+from task.learning.engine import OptimizerConfig, TensorData, train
+from task.learning.models import build_model
 
 # (model, input shape, classes, client samples, batch size): the papers' client settings
 CASES = (

@@ -1,8 +1,8 @@
 """The quadratic federation of the LocalUpdate analysis as least-squares data.
 
 Client i has f_i(x) = ½‖A_i^{1/2}(x − c_i)‖² with μI ⪯ A_i ⪯ LI (both extremes attained)
-and ‖c_i‖ ≤ C (:func:`task.surrogate.random_federation`). It is stored as d regression
-samples per client whose mean squared error (the regression loss of ``task.engine``, no ½)
+and ‖c_i‖ ≤ C (:func:`task.analysis.surrogate.random_federation`). It is stored as d regression
+samples per client whose mean squared error (the regression loss of ``task.learning.engine``, no ½)
 is exactly f_i up to a constant: rows X_i = √(d/2)·A_i^{1/2} and targets y_i = X_i c_i, so
 (2/d)·X_iᵀX_i = A_i and the minimiser of client i is c_i. The test split is the train split
 (the paper measures the loss on the training population). Use it with ``model.name=quadratic``
@@ -21,8 +21,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from task.errors import ConfigError
-from task.sources import ArrayData, DataBundle, cfg_get, get_bool, get_float, get_int
-from task.surrogate import QuadraticFederation, random_federation
+from task.data.sources import ArrayData, DataBundle, cfg_get, get_bool, get_float, get_int
+from task.analysis.surrogate import QuadraticFederation, random_federation
 
 
 def quadratic_params(data_cfg: Mapping) -> dict:

@@ -1,13 +1,13 @@
 """The federated view of a dataset: which train/test samples belong to which client.
 
-``build_federated_data(data_cfg, seed)`` loads the source (:func:`task.sources.load_source`),
-partitions the train split (:func:`task.partition.partition_train`) and gives each client a
+``build_federated_data(data_cfg, seed)`` loads the source (:func:`task.data.sources.load_source`),
+partitions the train split (:func:`task.data.partition.partition_train`) and gives each client a
 local test set, then returns a :class:`FederatedData`. The result is a pure function of
 ``(data_cfg, seed)``, so every algorithm run with the same config and seed sees the same
 clients.
 
 Config keys (under ``data.``; the source and partition keys are documented in
-:mod:`task.sources` and :mod:`task.partition`):
+:mod:`task.data.sources` and :mod:`task.data.partition`):
 
 ``num_clients``
     Int >= 1, default 100. Partition ids are ``0 .. num_clients-1``.
@@ -33,7 +33,7 @@ Config keys (under ``data.``; the source and partition keys are documented in
 ``test_per_client``
     Null (default) or int >= 1: local test-set size per client. Null means proportional,
     ``round(len(test) / len(train) * len(train_i))``. Local test sets have the client's
-    train label distribution (:func:`task.partition.matched_test_split`); for ``natural``
+    train label distribution (:func:`task.data.partition.matched_test_split`); for ``natural``
     partitions of data with per-group test samples (femnist, synthetic_linear) each client
     instead gets all test samples of its own group, and ``test_per_client`` is ignored.
 
@@ -44,7 +44,7 @@ a fingerprint of the train/test labels and groups, so a second process only has 
 the source arrays.
 
 For ``synthetic_linear`` the ``natural`` partition reproduces
-:func:`task.synthetic.make_linear_tasks`'s per-client tasks exactly (client ``i`` = task ``i``).
+:func:`task.data.synthetic.make_linear_tasks`'s per-client tasks exactly (client ``i`` = task ``i``).
 """
 
 from __future__ import annotations
@@ -58,10 +58,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from task.datasets.bundle import ArrayData
+from task.data.datasets.bundle import ArrayData
 from task.errors import ConfigError
-from task.partition import group_test_split, matched_test_split, partition_scheme, partition_train
-from task.sources import (
+from task.data.partition import group_test_split, matched_test_split, partition_scheme, partition_train
+from task.data.sources import (
     DataBundle,
     cache_dir_from_cfg,
     get_int,

@@ -3,7 +3,7 @@
 ``data.root`` layout: the python pickles ``cifar-10-batches-py/`` (``data_batch_1..5``,
 ``test_batch``) / ``cifar-100-python/`` (``train``, ``test``; fine labels), under
 ``root`` or ``root`` itself; otherwise an image-folder layout (see
-:mod:`task.datasets.image_folder`) with 10 / 100 classes, e.g. the JPEG re-encoding
+:mod:`task.data.datasets.image_folder`) with 10 / 100 classes, e.g. the JPEG re-encoding
 ``CIFAR-10-images-jpeg.tar``.
 """
 
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from task.datasets.bundle import DataBundle
-from task.datasets.image_folder import find_image_folder, load_image_folder
-from task.datasets.images import image_bundle
+from task.data.datasets.bundle import DataBundle
+from task.data.datasets.image_folder import find_image_folder, load_image_folder
+from task.data.datasets.images import image_bundle
 from task.errors import ConfigError
 
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from task.surrogate import MOMENTUM_TYPES, kappa_last, kappa_prefix, random_spd, rate, suboptimality
+from task.analysis.surrogate import MOMENTUM_TYPES, kappa_last, kappa_prefix, random_spd, rate, suboptimality
 
 COLUMNS = ("figure", "curve", "mu", "L", "alpha", "gamma", "K", "theta", "momentum", "d", "kappa", "rho",
            "delta", "valid")

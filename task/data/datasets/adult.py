@@ -38,8 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
-from task.datasets.bundle import ArrayData, DataBundle
-from task.datasets.config import get_bool, get_choice
+from task.data.datasets.bundle import ArrayData, DataBundle
+from task.data.datasets.config import get_bool, get_choice
 from task.errors import ConfigError
 
 ADULT_COLUMNS = ("age", "workclass", "fnlwgt", "education", "education-num", "marital-status", "occupation",

@@ -35,7 +35,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from task.errors import ConfigError
-from task.sources import ArrayData, DataBundle, cfg_get, get_float, get_int
+from task.data.sources import ArrayData, DataBundle, cfg_get, get_float, get_int
 
 SYNTHETIC_DEFAULTS = {"d": 20, "k": 2, "n_train": 10, "n_test": 100, "noise": 0.01, "head_scale": 1.0, "seed": 0,
                       "whiten": False}

@@ -1,8 +1,8 @@
 """Dataset sources: load a whole dataset (train + test) into numpy arrays.
 
 ``load_source(data_cfg)`` turns the ``data:`` section of the run config into a
-:class:`DataBundle`. No Flower import here; partitioning lives in :mod:`task.partition`.
-Each source is read by its own module of :mod:`task.datasets`, whose docstring documents
+:class:`DataBundle`. No Flower import here; partitioning lives in :mod:`task.data.partition`.
+Each source is read by its own module of :mod:`task.data.datasets`, whose docstring documents
 its file layout and its own config keys; this module dispatches by name and re-exports
 the names the rest of the code imports.
 
@@ -11,20 +11,20 @@ Config keys (all under ``data.``)
 ``name``
     One of :data:`DATASET_NAMES`: ``digits``, ``mnist``, ``fashion_mnist``, ``cifar10``,
     ``cifar100``, ``femnist``, ``adult``, ``image_folder``, ``synthetic_linear``,
-    ``synthetic_quadratic`` (:mod:`task.synthetic_quadratic`). Required.
+    ``synthetic_quadratic`` (:mod:`task.data.synthetic_quadratic`). Required.
 ``source``
     ``local`` (default) or ``hub``. ``hub`` loads ``data.hub_id`` with
     flwr-datasets' ``FederatedDataset`` (whole splits, our own partitioning) and needs network
     access on first use; it is available for mnist, fashion_mnist, cifar10, cifar100 and
     femnist. ``digits`` and ``synthetic_linear`` ignore it (they need no files).
-    Hub keys: :mod:`task.datasets.hub`.
+    Hub keys: :mod:`task.data.datasets.hub`.
 ``root``
     Directory (or, for image-folder layouts, a ``.tar`` file) holding the local files.
     Required for local mnist, fashion_mnist, cifar10, cifar100, femnist, adult and
     image_folder; ignored for digits and synthetic_linear. Accepted layouts:
-    :mod:`task.datasets.idx` (mnist / fashion_mnist), :mod:`task.datasets.cifar`,
-    :mod:`task.datasets.image_folder`, :mod:`task.datasets.femnist`,
-    :mod:`task.datasets.adult`.
+    :mod:`task.data.datasets.idx` (mnist / fashion_mnist), :mod:`task.data.datasets.cifar`,
+    :mod:`task.data.datasets.image_folder`, :mod:`task.data.datasets.femnist`,
+    :mod:`task.data.datasets.adult`.
 ``cache_dir``
     Directory for decoded-array caches, Hub downloads and partition caches. Default
     ``~/.cache/flrep``. If it cannot be written, caching is skipped (with a warning).
@@ -34,16 +34,16 @@ Config keys (all under ``data.``)
     ``bundle.meta["mean"]`` / ``["std"]``). For adult it standardises the numeric columns
     with train mean/std. synthetic_linear ignores it.
 ``synthetic``
-    Sub-section for synthetic_linear (see :mod:`task.synthetic`): ``d`` (20), ``k`` (2),
+    Sub-section for synthetic_linear (see :mod:`task.data.synthetic`): ``d`` (20), ``k`` (2),
     ``n_train`` (10 per client), ``n_test`` (100 per client), ``noise`` (0.01, std),
     ``head_scale`` (1.0), ``seed`` (0). The number of tasks is ``data.num_clients``
     (default 100); ``group`` is the task (client) id.
 
 Source-specific keys live with their readers: ``split_seed`` / ``test_fraction``
-(:mod:`task.datasets.digits`), ``hub_id`` / ``split_seed`` / ``femnist_test_fraction``
-(:mod:`task.datasets.hub`), ``femnist_classes`` (:mod:`task.datasets.femnist`),
-``image_channels`` (:mod:`task.datasets.image_folder`), ``adult_missing`` /
-``adult_include_protected`` and the adult encoding (:mod:`task.datasets.adult`).
+(:mod:`task.data.datasets.digits`), ``hub_id`` / ``split_seed`` / ``femnist_test_fraction``
+(:mod:`task.data.datasets.hub`), ``femnist_classes`` (:mod:`task.data.datasets.femnist`),
+``image_channels`` (:mod:`task.data.datasets.image_folder`), ``adult_missing`` /
+``adult_include_protected`` and the adult encoding (:mod:`task.data.datasets.adult`).
 
 Every bad value or file raises :class:`task.errors.ConfigError` naming the key or file.
 """
@@ -54,11 +54,11 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from task.datasets.adult import load_adult
-from task.datasets.bundle import ArrayData, DataBundle
-from task.datasets.cache import load_npz, save_npz_atomic
-from task.datasets.cifar import load_cifar
-from task.datasets.config import (
+from task.data.datasets.adult import load_adult
+from task.data.datasets.bundle import ArrayData, DataBundle
+from task.data.datasets.cache import load_npz, save_npz_atomic
+from task.data.datasets.cifar import load_cifar
+from task.data.datasets.config import (
     cache_dir_from_cfg,
     cfg_get,
     get_bool,
@@ -67,15 +67,15 @@ from task.datasets.config import (
     get_int,
     to_plain,
 )
-from task.datasets.digits import load_digits
-from task.datasets.femnist import load_femnist_local
-from task.datasets.hub import HUB_DEFAULTS, load_hub
-from task.datasets.idx import load_idx, read_idx
-from task.datasets.image_folder import load_image_folder
-from task.datasets.images import normalize_images
+from task.data.datasets.digits import load_digits
+from task.data.datasets.femnist import load_femnist_local
+from task.data.datasets.hub import HUB_DEFAULTS, load_hub
+from task.data.datasets.idx import load_idx, read_idx
+from task.data.datasets.image_folder import load_image_folder
+from task.data.datasets.images import normalize_images
 from task.errors import ConfigError
 
-APP_DIR = Path(__file__).resolve().parents[1]  # the app's root: relative data.root values are resolved against it
+APP_DIR = Path(__file__).resolve().parents[2]  # the app's root: relative data.root values are resolved against it
 
 DATASET_NAMES: tuple[str, ...] = (
     "digits",
@@ -105,11 +105,11 @@ def load_source(data_cfg: Mapping) -> DataBundle:
     if name == "digits":
         return load_digits(data_cfg, normalize)
     if name == "synthetic_linear":
-        from task.synthetic import bundle_from_cfg
+        from task.data.synthetic import bundle_from_cfg
 
         return bundle_from_cfg(data_cfg)
     if name == "synthetic_quadratic":
-        from task.synthetic_quadratic import bundle_from_cfg as quadratic_bundle
+        from task.data.synthetic_quadratic import bundle_from_cfg as quadratic_bundle
 
         return quadratic_bundle(data_cfg)
     if source == "hub":

@@ -21,11 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from task.datasets.bundle import DataBundle
-from task.datasets.cache import CACHE_VERSION, hash_key, load_npz, save_npz_atomic
-from task.datasets.config import cfg_get, get_choice, get_float, get_int
-from task.datasets.femnist import FEMNIST_CLASS_MODES, femnist_bundle
-from task.datasets.images import image_bundle, images_to_float, normalize_images
+from task.data.datasets.bundle import DataBundle
+from task.data.datasets.cache import CACHE_VERSION, hash_key, load_npz, save_npz_atomic
+from task.data.datasets.config import cfg_get, get_choice, get_float, get_int
+from task.data.datasets.femnist import FEMNIST_CLASS_MODES, femnist_bundle
+from task.data.datasets.images import image_bundle, images_to_float, normalize_images
 from task.errors import ConfigError
 
 HUB_DEFAULTS: dict[str, str] = {

@@ -14,9 +14,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from task.datasets.bundle import DataBundle
-from task.datasets.config import get_float, get_int
-from task.datasets.images import image_bundle, normalize_images
+from task.data.datasets.bundle import DataBundle
+from task.data.datasets.config import get_float, get_int
+from task.data.datasets.images import image_bundle, normalize_images
 
 
 def load_digits(data_cfg: Mapping, normalize: bool) -> DataBundle:

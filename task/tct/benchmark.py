@@ -1,12 +1,12 @@
 """TCT benchmark: eNTK feature extraction throughput (hooks, vmap, per-sample loop) and the
 stage-2 round time (closed-form local GD vs explicit GD steps).
 
-Builds ``--model`` (random init, one-output head from :func:`task.entk.entk_network`),
-selects ``--p`` coordinates and times :func:`task.entk.extract_features` with each method on
+Builds ``--model`` (random init, one-output head from :func:`task.tct.entk.entk_network`),
+selects ``--p`` coordinates and times :func:`task.tct.entk.extract_features` with each method on
 the same samples (Fashion-MNIST images from ``--data``, else standard-normal inputs). Then,
 on one client's problem of ``--stage2-n`` random float16 feature rows of the same p with
 ``--stage2-steps`` local steps: the one-time Gram spectrum, a closed-form SCAFFOLD round
-(:class:`task.tct.LocalLeastSquares`), and explicit full-batch GD steps (the official code's
+(:class:`task.tct.linear.LocalLeastSquares`), and explicit full-batch GD steps (the official code's
 loop: two matrix products per step), timed for ``--loop-steps`` steps and scaled to M.
 Usage: ``flrep bench-tct [--model simple_cnn] [--device cpu] [--out FILE.json]``.
 """
@@ -24,11 +24,11 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from task.datasets.idx import read_idx
-from task.entk import METHODS, entk_network, extract_features, parameter_count, select_coordinates
+from task.data.datasets.idx import read_idx
+from task.tct.entk import METHODS, entk_network, extract_features, parameter_count, select_coordinates
 from task.errors import ConfigError
-from task.models import build_model
-from task.tct import FeatureMatrix, LocalLeastSquares, feature_moments, one_hot_targets, standardization
+from task.learning.models import build_model
+from task.tct.linear import FeatureMatrix, LocalLeastSquares, feature_moments, one_hot_targets, standardization
 
 #: Benchmarked models: input shape and number of classes of the trained network.
 MODELS: dict[str, tuple[tuple[int, int, int], int]] = {
@@ -185,7 +185,7 @@ def _print_table(results: dict[str, dict]) -> None:
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m task.entk_benchmark", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m task.tct.benchmark", description=__doc__)
     parser.add_argument("--model", default="simple_cnn", choices=sorted(MODELS))
     parser.add_argument("--samples", type=int, default=256)
     parser.add_argument("--p", type=int, default=100_000, help="eNTK coordinates kept")

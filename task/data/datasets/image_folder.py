@@ -23,10 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from task.datasets.bundle import DataBundle
-from task.datasets.cache import CACHE_VERSION, file_stamp, hash_key, load_npz, save_npz_atomic
-from task.datasets.config import get_int
-from task.datasets.images import image_bundle
+from task.data.datasets.bundle import DataBundle
+from task.data.datasets.cache import CACHE_VERSION, file_stamp, hash_key, load_npz, save_npz_atomic
+from task.data.datasets.config import get_int
+from task.data.datasets.images import image_bundle
 from task.errors import ConfigError
 
 _IMAGE_EXTS = (".jpg", ".jpeg", ".png")

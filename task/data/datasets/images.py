@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from task.datasets.bundle import ArrayData, DataBundle
+from task.data.datasets.bundle import ArrayData, DataBundle
 
 
 def images_to_float(x_uint8: np.ndarray) -> np.ndarray:

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from task.engine import TensorData
+from task.learning.engine import TensorData
 
 
 def principal_angle_distance(b: np.ndarray, b_star: np.ndarray) -> float:

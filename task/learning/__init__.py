@@ -1,0 +1,1 @@
+"""Learning: models with named body/head splits, the training and evaluation engine, metrics, fairness."""

@@ -1,0 +1,1 @@
+"""TCT: eNTK features and the stage-2 linear problem."""
