@@ -1,9 +1,9 @@
 """Round checkpoints of the ServerApp and resuming a run from them.
 
 At the end of every round the server writes ``<out_dir>/checkpoint/server.pt`` (atomically):
-the global arrays, the strategy object with all its state (SCAFFOLD's c, server-optimizer
-moments, TCT's stage and standardisation ...; sets of node ids are stored as partition ids,
-because node ids change between runs), the round, how many lines of ``metrics.jsonl`` the
+its ``format``, the global arrays, the strategy's state as plain data (its ``state_dict``:
+SCAFFOLD's c, server-optimizer moments, TCT's standardisation, LG's phase ...; sets of node
+ids are stored as partition ids, because node ids change between runs), the round, how many lines of ``metrics.jsonl`` the
 run had written (a resumed run keeps those and drops the rest), the traffic so far, the
 run's token (naming its clients' snapshot folders) and the RNG states. Client sampling is a
 pure function of (seed, round), so the sequence continues by itself; the sampled clients of
@@ -17,7 +17,6 @@ restore.
 from __future__ import annotations
 
 import json
-import pickle
 import random
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,8 @@ from strategies.state_store import save_atomic
 from task.errors import ConfigError
 
 SERVER_FILE = "server.pt"
+#: The layout of ``server.pt``; a checkpoint of another format is refused, never guessed at.
+FORMAT = 2
 #: Keys that may differ between a run and its resumption (where and how it runs, not what).
 MAY_DIFFER = ("resume", "out_dir", "wandb", "faults", "simulation", "client_state")
 
@@ -40,42 +41,12 @@ def checkpoint_dir(out_dir: Path) -> Path:
     return out_dir / "checkpoint"
 
 
-def _node_sets(strategy: Any) -> list[tuple[Any, str]]:
-    """(object, attribute) of every set of node ids in the strategy and its inner strategies."""
-    found, stack = [], [strategy]
-    while stack:
-        obj = stack.pop()
-        for name in getattr(obj, "node_sets", ()):
-            found.append((obj, name))
-        stack.extend(v for v in vars(obj).values() if hasattr(v, "configure_train"))
-    return found
-
-
-def strategy_bytes(strategy: Any, pid_of: dict[int, int]) -> bytes:
-    """The pickled strategy, its node-id sets written as partition ids."""
-    sets = _node_sets(strategy)
-    kept = [getattr(obj, name) for obj, name in sets]
-    try:
-        for obj, name in sets:
-            setattr(obj, name, {pid_of[n] for n in getattr(obj, name) if n in pid_of})
-        return pickle.dumps(strategy)
-    finally:
-        for (obj, name), value in zip(sets, kept):
-            setattr(obj, name, value)
-
-
-def restore_node_sets(strategy: Any, node_of: dict[int, int]) -> None:
-    """Turn the partition ids of a restored strategy's node-id sets into this run's node ids."""
-    for obj, name in _node_sets(strategy):
-        setattr(obj, name, {node_of[p] for p in getattr(obj, name) if p in node_of})
-
-
 def save(out_dir: Path, state: dict[str, Any]) -> Path:
     """Write the server checkpoint ``state`` atomically; its path."""
     folder = checkpoint_dir(out_dir)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / SERVER_FILE
-    state = dict(state, rng={"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+    state = dict(state, format=FORMAT, rng={"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
                              "python": random.getstate()})
     save_atomic(state, path)
     return path
@@ -88,6 +59,9 @@ def load(resume_dir: Path, cfg: DictConfig) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"resume={str(resume_dir)!r}: no checkpoint there (expected {path})")
     state = torch.load(path, weights_only=False)
+    if state.get("format") != FORMAT:
+        raise ConfigError(f"resume={str(resume_dir)!r}: {path} is a checkpoint of format {state.get('format', 1)}, "
+                          f"this flrep reads format {FORMAT}; resume it with the flrep version that wrote it")
     differing = config_differences(state["config"], cfg)
     if differing:
         raise ConfigError(f"resume={str(resume_dir)!r}: the checkpoint was written with other values of "
@@ -136,8 +110,3 @@ def config_differences(saved: dict[str, Any], cfg: DictConfig) -> list[str]:
 def arrays_state(arrays: ArrayRecord) -> dict[str, np.ndarray]:
     """The global arrays as numpy (bit-exact)."""
     return {k: a.numpy() for k, a in arrays.items()}
-
-
-def unpickle_strategy(data: bytes) -> Any:
-    """The strategy object of a checkpoint."""
-    return pickle.loads(data)

@@ -1,4 +1,4 @@
-"""The ClientApp: routes each message to the configured algorithm's client half.
+"""The ClientApp: routes each message to the handler the run's algorithm (or a paper protocol) declares for its type.
 
 Per worker process it caches what does not change between messages: the merged config,
 the federated dataset as tensors on the device, and the model object with the run's
@@ -13,14 +13,13 @@ import numpy as np
 import torch
 from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.clientapp.client_app import DEFAULT_ACTION
 
 from flower_app.client_checkpoint import snapshot_mod
 from flower_app.config import head_groups, initial_model, pick_device, run_config_of
+from protocols import PROTOCOLS
 from strategies import ALGORITHMS
-from strategies.common import ClientRuntime, reply, round_config
-from strategies.finetune import finetune
-from strategies.new_clients import adapt_head
-from strategies.tct import compute_entk
+from strategies.common import ARRAYS, ClientRuntime, reply, round_config
 from task.learning.engine import TensorData
 from task.learning.fairness import attribute_matrix
 from task.errors import ConfigError
@@ -28,6 +27,8 @@ from task.data.federated_data import FederatedData, build_federated_data
 from task.data.node_data import check_node_data, load_node_data
 
 app = ClientApp(mods=[snapshot_mod])
+
+PROTOCOL_HANDLERS = {kind: fn for protocol in PROTOCOLS for kind, fn in protocol.handlers.items()}
 
 
 _device_data: dict[int, tuple] = {}
@@ -116,55 +117,32 @@ def info(msg: Message, context: Context) -> Message:
     return Message(content=content, reply_to=msg)
 
 
-@app.train()
-def train(msg: Message, context: Context) -> Message:
-    """One training round of the configured algorithm."""
+def _route(msg: Message, context: Context) -> Message:
+    """Answer ``msg`` with the handler its message type has in the run's algorithm or a protocol."""
     rt = runtime_for(context, msg.content)
-    content = ALGORITHMS[rt.cfg.algorithm].train(rt, msg.content)
-    return Message(content=content, reply_to=msg)
+    kind = msg.metadata.message_type
+    handler = ALGORITHMS[rt.cfg.algorithm].handlers.get(kind) or PROTOCOL_HANDLERS.get(kind)
+    if handler is None:
+        if kind != "evaluate":
+            raise ValueError(f"{kind} has no handler in algorithm {rt.cfg.algorithm!r} or any protocol")
+        handler = evaluate_global_model
+    return Message(content=handler(rt, msg.content), reply_to=msg)
 
 
-@app.evaluate()
-def evaluate(msg: Message, context: Context) -> Message:
-    """Personalized evaluation on the local test split, with the model this client would use."""
-    rt = runtime_for(context, msg.content)
-    algorithm = ALGORITHMS[rt.cfg.algorithm]
-    if algorithm.evaluate is None:
-        rt.load(msg.content["arrays"])
-        content = reply(None, **rt.evaluate_local(round_config(msg.content)))
-    else:
-        content = algorithm.evaluate(rt, msg.content)
-    return Message(content=content, reply_to=msg)
+def evaluate_global_model(rt: ClientRuntime, content: RecordDict) -> RecordDict:
+    """Evaluation of an algorithm without its own handler: the received model on the local test split."""
+    rt.load(content[ARRAYS])
+    return reply(None, **rt.evaluate_local(round_config(content)))
 
 
-@app.train("finetune")
-def finetune_action(msg: Message, context: Context) -> Message:
-    """+FT: fine-tune the final global model on local data, report before/after."""
-    rt = runtime_for(context, msg.content)
-    return Message(content=finetune(rt, msg.content), reply_to=msg)
+def _message_types() -> set[str]:
+    """Every message type an algorithm or a protocol answers."""
+    kinds = {"train", "evaluate", *PROTOCOL_HANDLERS}
+    for algorithm in ALGORITHMS.values():
+        kinds.update(algorithm.handlers)
+    return kinds
 
 
-@app.train("newclient")
-def newclient_action(msg: Message, context: Context) -> Message:
-    """New client: fit a fresh head on the frozen learned representation, report accuracy per epoch."""
-    rt = runtime_for(context, msg.content)
-    return Message(content=adapt_head(rt, msg.content), reply_to=msg)
-
-
-@app.query("localpart")
-def local_part_action(msg: Message, context: Context) -> Message:
-    """New Test (LG-FedAvg, Local-only): send this client's own part to the server once."""
-    rt = runtime_for(context, msg.content)
-    send = ALGORITHMS[rt.cfg.algorithm].send_local
-    if send is None:
-        raise ValueError(f"algorithm {rt.cfg.algorithm!r} has no local part to send")
-    return Message(content=send(rt, msg.content), reply_to=msg)
-
-
-@app.query("entk")
-def entk_action(msg: Message, context: Context) -> Message:
-    """TCT's convexify step: compute and keep this client's eNTK features (never sent)."""
-    rt = runtime_for(context, msg.content)
-    if rt.cfg.algorithm != "tct":
-        raise ValueError(f"query.entk belongs to algorithm tct, this run is {rt.cfg.algorithm!r}")
-    return Message(content=compute_entk(rt, msg.content), reply_to=msg)
+for _kind in sorted(_message_types()):
+    _category, _, _action = _kind.partition(".")
+    getattr(app, _category)(_action or DEFAULT_ACTION)(_route)

@@ -22,11 +22,12 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 from flwr.clientapp.typing import ClientAppCallable
 from flwr.common.logger import log
 
+from flower_app.config import run_config_of
+from strategies import ALGORITHMS
 from strategies.common import CONFIG
 from strategies.state_store import save_atomic
 
 LOCATION = "flrep-checkpoint"  # context.state entry: where this node's snapshots go
-SNAPSHOT_TYPES = ("train", "evaluate", "query.entk")  # messages that may change client state
 KEEP = 2
 
 
@@ -37,13 +38,19 @@ def snapshot_mod(msg: Message, context: Context, call_next: ClientAppCallable) -
     if kind == "query.info" and "checkpoint-dir" in config:
         _remember(context, config)
     reply = call_next(msg, context)
-    if kind in SNAPSHOT_TYPES and not reply.has_error() and LOCATION in context.state:
+    if kind in _snapshot_types(context, config.get("variant")) and not reply.has_error() and LOCATION in context.state:
         try:
             _snapshot(context, str(config.get("variant", "")), int(config.get("server-round", 0)))
         except OSError as err:  # the reply is sound; only a resume would miss this round's state
             log(WARNING, "client %s: state of round %s not snapshotted: %s", context.node_config.get("partition-id"),
                 config.get("server-round"), err)
     return reply
+
+
+def _snapshot_types(context: Context, variant: str | None) -> frozenset[str]:
+    """The message types after which the variant's algorithm may have changed the client's state."""
+    cfg = run_config_of(context.run_config, str(variant) if variant else None)
+    return ALGORITHMS[cfg.algorithm].snapshot_after
 
 
 def _client_dir(context: Context) -> Path:

@@ -18,6 +18,9 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from omegaconf.errors import OmegaConfBaseException
 
+from protocols import PROTOCOLS
+from strategies import ALGORITHMS
+from strategies.common import configured_head
 from task.errors import ConfigError
 from task.learning.models import MODEL_NAMES
 from task.data.sources import APP_DIR
@@ -25,9 +28,7 @@ from task.data.sources import DATASET_NAMES
 
 PROJECT_DIR = APP_DIR  # relative data.root values are resolved against it
 CONF_DIR = PROJECT_DIR / "conf"
-FEDAVG_SERVER_OPTS = ("none", "fedavgm", "fedadam")
 FINETUNE_PARTS = ("head", "full")
-HEAD_SOLVERS = ("sgd", "exact")
 MODEL_INITS = ("default", "scaled_orthonormal")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -154,42 +155,30 @@ def _choice(cfg: DictConfig, key: str, allowed: Iterable[str]) -> None:
 
 
 def validate(cfg: DictConfig) -> None:
-    """Check every value that can be checked without loading data; raise ConfigError."""
-    from strategies import ALGORITHMS  # local import: strategies import this module's users
-
+    """Check every value that can be checked without loading data; raise ConfigError. The
+    algorithm's and the protocols' own rules are theirs (``Algorithm.check``, ``PaperProtocol.check``)."""
     _choice(cfg, "algorithm", ALGORITHMS)
-    supported = [n for n, a in ALGORITHMS.items() if a.supports_finetune]
-    _require(not cfg.finetune.enabled or cfg.algorithm in supported, "finetune.enabled",
-             f"+FT is available for {', '.join(supported)}, not '{cfg.algorithm}'")
+    algorithm = ALGORITHMS[cfg.algorithm]
+    for protocol in PROTOCOLS:
+        protocol.check(cfg)
     _choice(cfg, "data.name", DATASET_NAMES)
     _choice(cfg, "model.name", MODEL_NAMES)
     _choice(cfg, "finetune.part", FINETUNE_PARTS)
     _choice(cfg, "simulation.device", DEVICES)
-    _validate_server_opt(cfg)
-    _validate_local_update(cfg)
-    _choice(cfg, "fedrep.head_solver", HEAD_SOLVERS)
-    from strategies.scaffold import WEIGHTINGS
-
-    _validate_tct(cfg)
-    _choice(cfg, "scaffold.weighting", WEIGHTINGS)
+    _validate_server_opt(cfg, algorithm)
     _positive(cfg, "scaffold.global_lr")
-    _require(cfg.algorithm != "scaffold" or cfg.model.name != "adult_fair", "algorithm",
-             "the fair model trains with its own adversary step and no gradient correction: use lg_fedavg or fedavg")
-    gp = cfg.lg.global_part
-    _require(gp in ("paper", "official_cifar") or (OmegaConf.is_list(gp) and len(gp) > 0), "lg.global_part",
-             f"got {gp!r}, expected paper, official_cifar or a non-empty list of layer groups")
     _positive(cfg, "lg.goal_accuracy", allow_none=True)
     warm = cfg.lg.fedavg_rounds
     _require(warm is None or (isinstance(warm, int) and not isinstance(warm, bool) and warm >= 0), "lg.fedavg_rounds",
              f"got {warm!r}, expected null or an integer >= 0")
-    _require(cfg.algorithm != "lg_fedavg" or (warm is None) != (cfg.lg.goal_accuracy is None), "lg.fedavg_rounds",
-             "set exactly one of lg.fedavg_rounds and lg.goal_accuracy: LG-FedAvg starts from a FedAvg model "
-             "trained for a number of rounds or up to a goal accuracy")
+    if algorithm.check is not None:
+        algorithm.check(cfg)
     _require(isinstance(cfg.fair.adversarial, bool), "fair.adversarial",
              f"got {cfg.fair.adversarial!r}, expected true or false")
-    _require(not cfg.fair.adversarial or cfg.algorithm == "lg_fedavg", "fair.adversarial",
-             f"the adversarial penalty trains local representations (algorithm=lg_fedavg), not '{cfg.algorithm}': "
-             "a global model cannot be trained against a local adversary (LG-FedAvg Section 5.3)")
+    local = [n for n, a in ALGORITHMS.items() if a.local_representation]
+    _require(not cfg.fair.adversarial or algorithm.local_representation, "fair.adversarial",
+             f"the adversarial penalty trains local representations (algorithm={', '.join(local)}), not "
+             f"'{cfg.algorithm}': a global model cannot be trained against a local adversary (LG-FedAvg Section 5.3)")
     lambdas = cfg.fair.lambdas
     _require(OmegaConf.is_list(lambdas) and all(isinstance(v, (int, float)) and v >= 0 for v in lambdas),
              "fair.lambdas", f"got {lambdas!r}, expected a list of numbers >= 0, one per protected attribute")
@@ -215,10 +204,6 @@ def validate(cfg: DictConfig) -> None:
     samples = cfg.new_clients.samples
     _require(OmegaConf.is_list(samples) and all(isinstance(n, int) and n >= 1 for n in samples),
              "new_clients.samples", f"got {samples!r}, expected a list of sample counts >= 1")
-    _require(isinstance(cfg.fedrep.orthonormalize, bool), "fedrep.orthonormalize",
-             f"got {cfg.fedrep.orthonormalize!r}, expected true or false")
-    _require(not cfg.fedrep.orthonormalize or cfg.model.name == "linear_rep", "fedrep.orthonormalize",
-             f"orthonormalising the body needs model.name=linear_rep, got {cfg.model.name!r}")
     _require(isinstance(cfg.label, str) and cfg.label.replace("-", "").replace("_", "").replace("+", "").isalnum(),
              "label", f"got {cfg.label!r}, expected a name of letters, digits, '-', '_' or '+'")
     _require(isinstance(cfg.seed, int) and not isinstance(cfg.seed, bool), "seed", f"got {cfg.seed!r}, expected an integer")
@@ -226,11 +211,10 @@ def validate(cfg: DictConfig) -> None:
         _positive(cfg, key, integer=True)
     _positive(cfg, "train.local_epochs", integer=True)
     _positive(cfg, "train.local_steps", integer=True, allow_none=True)
-    _positive(cfg, "fedrep.head_steps", integer=True, allow_none=True)
     _positive(cfg, "train.lr")
     _positive(cfg, "train.lr_decay")
     _positive(cfg, "finetune.lr", allow_none=True)
-    for key in ("train.momentum", "train.weight_decay", "fedprox.mu", "finetune.epochs", "fedrep.head_epochs", "new_clients.epochs", "client_state.disk_above_bytes",
+    for key in ("train.momentum", "train.weight_decay", "fedprox.mu", "finetune.epochs", "new_clients.epochs", "client_state.disk_above_bytes",
                 "eval.final_window", "data.num_new_clients", "simulation.client_gpus"):
         _nonnegative(cfg, key)
     _positive(cfg, "simulation.client_cpus")
@@ -260,72 +244,20 @@ def validate(cfg: DictConfig) -> None:
     _nonnegative(cfg, "faults.node_wait_s")
 
 
-def _validate_server_opt(cfg: DictConfig) -> None:
-    """``server_opt.name`` against the algorithm, and its numbers."""
-    from strategies.local_update import SERVER_OPTS
-
-    if cfg.algorithm == "local_update":
-        _choice(cfg, "server_opt.name", SERVER_OPTS)
-    elif cfg.algorithm == "fedavg":
-        _choice(cfg, "server_opt.name", FEDAVG_SERVER_OPTS)
-    else:
+def _validate_server_opt(cfg: DictConfig, algorithm) -> None:
+    """``server_opt.name`` against the algorithm's server optimizers, and its numbers."""
+    if algorithm.server_opts == ("none",):
+        with_opts = [n for n, a in ALGORITHMS.items() if a.server_opts != ("none",)]
         _require(cfg.server_opt.name == "none", "server_opt.name",
-                 f"server optimizers apply to algorithm=fedavg and local_update; '{cfg.algorithm}' has none (use none)")
+                 f"server optimizers apply to algorithm={' and '.join(with_opts)}; '{cfg.algorithm}' has none (use none)")
+    else:
+        _choice(cfg, "server_opt.name", algorithm.server_opts)
     _positive(cfg, "server_opt.lr")
     _positive(cfg, "server_opt.tau")
     for key in ("server_opt.momentum", "server_opt.beta_1", "server_opt.beta_2"):
         value = OmegaConf.select(cfg, key)
         _require(isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1, key,
                  f"got {value!r}, expected a number in [0, 1)")
-
-
-def _validate_local_update(cfg: DictConfig) -> None:
-    """The ``local_update.*`` keys and the conditions of each preset (the paper's Table 1)."""
-    from strategies.local_update import PRESETS, WEIGHTINGS, preset_problem
-
-    _choice(cfg, "local_update.preset", PRESETS)
-    _choice(cfg, "local_update.weighting", WEIGHTINGS)
-    _positive(cfg, "local_update.steps", integer=True)
-    for key in ("local_update.client_lr", "local_update.alpha"):
-        _nonnegative(cfg, key)
-    theta = cfg.local_update.theta
-    if theta is not None:
-        from task.analysis.surrogate import Theta
-
-        ok = OmegaConf.is_list(theta) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in theta)
-        try:
-            ok = ok and Theta.of(list(theta)) is not None
-        except ValueError:
-            ok = False
-        _require(ok, "local_update.theta", f"got {theta!r}, expected null or a list of weights >= 0, at least one > 0")
-    problem = preset_problem(cfg)
-    if problem is not None:
-        raise ConfigError(problem)
-
-
-def _validate_tct(cfg: DictConfig) -> None:
-    """The ``tct.*`` keys, and what a TCT run cannot combine with."""
-    from strategies.tct import SOLVERS
-    from task.tct.entk import METHODS
-    from task.tct.linear import FEATURE_DTYPES
-
-    _choice(cfg, "tct.feature_dtype", FEATURE_DTYPES)
-    _choice(cfg, "tct.entk_method", METHODS)
-    _choice(cfg, "tct.solver", SOLVERS)
-    for key in ("tct.features", "tct.entk_batch_size", "tct.local_steps"):
-        _positive(cfg, key, integer=True)
-    _positive(cfg, "tct.lr")
-    for key in ("tct.normalize", "tct.centered_targets"):
-        _require(isinstance(OmegaConf.select(cfg, key), bool), key, f"got {OmegaConf.select(cfg, key)!r}, expected true or false")
-    t1 = cfg.tct.stage1_rounds
-    _require(isinstance(t1, int) and not isinstance(t1, bool) and t1 >= 0, "tct.stage1_rounds",
-             f"got {t1!r}, expected an integer >= 0")
-    if cfg.algorithm != "tct":
-        return
-    _require(isinstance(cfg.rounds, int) and t1 < cfg.rounds, "tct.stage1_rounds",
-             f"{t1} FedAvg rounds leave no stage-2 round of rounds={cfg.rounds}; `rounds` counts both stages")
-    _require(cfg.data.num_new_clients == 0, "data.num_new_clients", "TCT has no new-client protocol; set it to 0")
-    _require(not cfg.data.online_device.enabled, "data.online_device.enabled", "TCT has no online phase")
 
 
 def clients_per_round(cfg: DictConfig) -> int:
@@ -336,8 +268,6 @@ def clients_per_round(cfg: DictConfig) -> int:
 
 def head_groups(cfg: DictConfig, model) -> list[str]:
     """The configured head groups of ``model`` (validated against the model's groups)."""
-    from strategies.common import configured_head
-
     return configured_head(model, cfg)
 
 
@@ -351,11 +281,9 @@ def validate_with_data(cfg: DictConfig):
     head = head_groups(cfg, model)
     _require(cfg.train.augment == "none" or len(fed.bundle.input_shape) == 3, "train.augment",
              f"'{cfg.train.augment}' needs image inputs (C, H, W), data.name={cfg.data.name!r} has {tuple(fed.bundle.input_shape)}")
-    if cfg.algorithm == "lg_fedavg":
-        from strategies.lg_fedavg import global_keys, local_keys
-
-        _require(bool(local_keys(model, cfg)), "lg.global_part", "leaves no local layers; keep at least one group local")
-        global_keys(model, cfg)
+    algorithm = ALGORITHMS[cfg.algorithm]
+    if algorithm.check_model is not None:
+        algorithm.check_model(cfg, fed, model)
     if cfg.model.name == "adult_fair":
         attrs = fed.bundle.train.attributes or {}
         _require(cfg.data.name == "adult" and cfg.data.adult_split == "fairness", "model.name",
@@ -363,18 +291,6 @@ def validate_with_data(cfg: DictConfig):
                  f"(got data.name={cfg.data.name!r}, adult_split={cfg.data.adult_split!r})")
         _require(len(cfg.fair.lambdas) == len(attrs), "fair.lambdas",
                  f"{len(cfg.fair.lambdas)} values for the {len(attrs)} protected attributes {list(attrs)}")
-    if cfg.algorithm == "tct":
-        from task.tct.entk import entk_network, parameter_count
-
-        _require(fed.bundle.task != "regression", "algorithm", "TCT regresses one-hot class targets: it needs a classification dataset")
-        size = parameter_count(entk_network(model, int(cfg.seed)))
-        _require(int(cfg.tct.features) <= size, "tct.features",
-                 f"{cfg.tct.features} coordinates of a {size:,}-parameter eNTK network ({cfg.model.name} with one output logit)")
-    if cfg.fedrep.head_solver == "exact":
-        _require(fed.bundle.task == "regression", "fedrep.head_solver",
-                 f"'exact' (least squares) needs a regression dataset, data.name={cfg.data.name!r} is a classification task")
-        _require(len(head) == 1 and isinstance(model.get_submodule(head[0]), nn.Linear), "fedrep.head_solver",
-                 f"'exact' needs a head of one linear layer, model.head={head}")
     return fed, model
 
 

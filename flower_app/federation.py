@@ -233,11 +233,6 @@ def exchange(grid: Grid, messages: list[Message], traffic: Traffic, fed: Federat
     return [rep for _, rep in good], dict(sorted(failed.items()))
 
 
-def failure_fields(failed: dict[int, str]) -> dict:
-    """A record's failure fields: the failed partition ids and why each failed."""
-    return {"failed_clients": list(failed), "failures": {str(pid): why for pid, why in failed.items()}}
-
-
 def metric_of(replies: Iterable[Message], fed: Federation, key: str) -> dict[int, float]:
     """``key`` of each reply's MetricRecord, by partition id."""
     out = {}

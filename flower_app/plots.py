@@ -63,7 +63,7 @@ def plot_linear(records: dict[str, list[dict]], path: Path, title: str) -> Path:
     the new-client error against the number of samples n (one line per variant)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fig, (ax_d, ax_g, ax_n) = plt.subplots(1, 3, figsize=(17, 4.5))
-    local_only = None
+    alone = None
     for i, (label, recs) in enumerate(records.items()):
         color = f"C{i}"
         evals = [r for r in recs if r.get("phase") == "eval"]
@@ -75,10 +75,10 @@ def plot_linear(records: dict[str, list[dict]], path: Path, title: str) -> Path:
         if new:
             ns = sorted(new["newclient_error"], key=int)
             ax_n.loglog([int(n) for n in ns], [new["newclient_error"][n] for n in ns], marker="o", color=color, label=label)
-            local_only = new["newclient_error_local_only"]
-    if local_only:
-        ns = sorted(local_only, key=int)
-        ax_n.loglog([int(n) for n in ns], [local_only[n] for n in ns], "k--", marker="x", label="local only")
+            alone = new["newclient_error_local_only"]
+    if alone:
+        ns = sorted(alone, key=int)
+        ax_n.loglog([int(n) for n in ns], [alone[n] for n in ns], "k--", marker="x", label="local only")
     fig.suptitle(title)
     ax_d.set(xlabel="round", ylabel="dist(B, B*)", title="distance to the true representation")
     ax_g.set(xlabel="round", ylabel="‖∇ global loss‖", title="global-loss gradient norm (global models)")

@@ -1,18 +1,38 @@
-"""The registry entry of an algorithm: its server half and its client half side by side."""
+"""The plug-in interface of an algorithm: its server hooks, its client handlers, its registry entry.
+
+An algorithm is one module ``strategies/<name>.py`` that defines
+
+- its server half: a Flower strategy that also subclasses :class:`ServerHooks`
+  (``class MyServer(ServerHooks, FedAvg)``); the round loop calls Flower's
+  ``configure_train``/``aggregate_train``/``configure_evaluate`` and the hooks below, and
+  nothing else;
+- its client half: one function per message type it answers (``train``, ``evaluate``,
+  ``query.<action>``, ``train.<action>``), each ``(ClientRuntime, content) -> reply content``;
+- ``ALGORITHM = Algorithm(...)``, registered with :func:`register` (one line in
+  ``strategies/__init__.py``, or a call from your own code).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from flwr.app import RecordDict
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, Message, RecordDict
 from flwr.serverapp.strategy import Strategy
 from omegaconf import DictConfig
 
-from strategies.common import ClientRuntime
+from strategies.common import ARRAYS, ClientRuntime
 from task.learning.models import SplitModel
 
+if TYPE_CHECKING:
+    from strategies.services import Services
+
 ClientFn = Callable[[ClientRuntime, RecordDict], RecordDict]
+KeysFn = Callable[[SplitModel, DictConfig], list[str]]
 
 # Flower strategies sample from the nodes the server loop hands them (already sampled
 # by a seeded, algorithm-independent rule), so they must take all of them.
@@ -25,46 +45,168 @@ TAKE_ALL_NODES = dict(
 )
 
 
+def same_arrays_as_sent(message: Message) -> dict[str, ArrayRecord]:
+    """The default reply template: a reply returns the ``arrays`` it was sent (if any), shape for shape."""
+    return {ARRAYS: message.content[ARRAYS]} if ARRAYS in message.content else {}
+
+
+class ServerHooks:
+    """Every hook the round loop may call on an algorithm's server half, each with a default.
+
+    Mix it into a Flower strategy: ``class MyServer(ServerHooks, FedAvg)``. Hooks that act
+    receive the run's :class:`~strategies.services.Services`, never the loop itself.
+
+    Checkpointed state is declared, not pickled: ``checkpointed`` names the attributes that
+    hold it (numbers, strings, arrays, tensors, ArrayRecords, lists and dicts of them) and
+    ``node_sets`` the attributes that are sets of node ids (stored as partition ids, because a
+    resumed run's nodes have new ids).
+    """
+
+    checkpointed: ClassVar[tuple[str, ...]] = ()
+    node_sets: ClassVar[tuple[str, ...]] = ()
+
+    def on_start(self, services: Services) -> None:
+        """Once, after the handshake and before the first round (also of a resumed run)."""
+
+    def observe_population(self, sizes: dict[int, int]) -> None:
+        """Every training client's node id -> training examples (after the handshake and each rejoin)."""
+
+    def prepare_round(self, server_round: int, services: Services) -> dict | None:
+        """Before each training round: a phase of its own (e.g. TCT's convexify step); its record or None."""
+        return None
+
+    def reply_template(self, message: Message) -> Mapping[str, ArrayRecord]:
+        """The arrays (by record, key, shape and dtype) a training reply to ``message`` must carry."""
+        return same_arrays_as_sent(message)
+
+    def aggregate_skipped(self, server_round: int, replies: Iterable[Message]) -> None:
+        """A round skipped for too few sound replies: absorb what the replying clients already committed."""
+
+    def observe_failures(self, nodes: Iterable[int]) -> None:
+        """Nodes whose messages failed or whose replies were rejected."""
+
+    def has_global_model(self, server_round: int) -> bool:
+        """Whether the server's arrays form a whole model to score on the global test set at this round."""
+        return True
+
+    def must_evaluate(self, server_round: int) -> bool:
+        """Evaluate this round whatever ``eval.every`` says."""
+        return False
+
+    def evaluate_on_server(self, server_round: int, arrays: ArrayRecord, global_idx: np.ndarray,
+                           client_idx: dict[int, np.ndarray]) -> dict | None:
+        """Scores of arrays that are not a model (global/per-client accuracy and loss), or None."""
+        return None
+
+    def observe_eval(self, server_round: int, record: dict) -> None:
+        """After each evaluation, with its record."""
+
+    def local_part_messages(self, server_round: int, services: Services) -> list[Message] | None:
+        """New Test: the ``query.localpart`` messages asking every client for its own part (None: it has none)."""
+        return None
+
+    def summary_extra(self, records: list[dict]) -> dict:
+        """Algorithm-specific summary keys computed from the run's records."""
+        return {}
+
+    def state_dict(self, pid_of: Mapping[int, int]) -> dict[str, Any]:
+        """The server state a checkpoint keeps, as plain data (node ids as partition ids through ``pid_of``)."""
+        state = {name: to_plain(getattr(self, name)) for name in self.checkpointed}
+        state.update({name: sorted(pid_of[n] for n in getattr(self, name) if n in pid_of) for name in self.node_sets})
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any], node_of: Mapping[int, int]) -> None:
+        """Restore :meth:`state_dict` (partition ids back to node ids through ``node_of``)."""
+        for name in self.checkpointed:
+            setattr(self, name, from_plain(state[name]))
+        for name in self.node_sets:
+            setattr(self, name, {node_of[p] for p in state[name] if p in node_of})
+
+
+_ARRAYS_TAG = "__arrayrecord__"
+
+
+def to_plain(value: Any) -> Any:
+    """``value`` as plain checkpoint data (an ArrayRecord becomes a tagged dict of numpy arrays)."""
+    if isinstance(value, ArrayRecord):
+        return {_ARRAYS_TAG: {k: a.numpy() for k, a in value.items()}}
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().clone()
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: to_plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_plain(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str, np.generic)):
+        return value
+    raise TypeError(f"{type(value).__name__} is not plain checkpoint data; declare plain attributes in `checkpointed`")
+
+
+def from_plain(value: Any) -> Any:
+    """The inverse of :func:`to_plain`."""
+    if isinstance(value, dict) and set(value) == {_ARRAYS_TAG}:
+        return ArrayRecord({k: Array(v) for k, v in value[_ARRAYS_TAG].items()})
+    if isinstance(value, dict):
+        return {k: from_plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [from_plain(v) for v in value]
+    return value
+
+
 @dataclass(frozen=True)
 class Algorithm:
-    """One federated algorithm.
+    """One federated algorithm: its server half, its client handlers and its config section.
 
-    - ``make_strategy``: the server half, a Flower ``Strategy``.
-    - ``train``: the client half of a training round (content in, reply content out).
-    - ``shared_keys``: the model state keys that form the global model (what the server
-      holds and sends); ``None`` for algorithms without a global model (Local-only).
-    - ``evaluate``: the client's personalized evaluation; ``None`` means each client's
-      personalized model *is* the global model, so the server evaluates it on every
-      client's local test split itself (same numbers, no messages).
+    - ``make_strategy``: builds the server half (a Flower strategy with :class:`ServerHooks`).
+    - ``handlers``: the client half, by message type (``train`` is required).
+    - ``shared_keys``: the model state keys the server holds and sends; None for algorithms
+      without shared arrays (Local-only).
+    - ``config``: the structured config (a dataclass) of the algorithm's own section, or None.
+    - ``section``: the config key of that section (default: the algorithm's name).
+    - ``check``: cross-key rules on the merged config (raise ConfigError naming the key).
+    - ``check_model``: rules that need the data and the built model.
+    - ``server_opts``: the values of ``server_opt.name`` it accepts (``none``: no server optimizer).
     - ``supports_finetune``: whether ``finetune.enabled`` (+FT) applies.
-    - ``global_model``: whether the shared arrays form a whole model to score on the
-      global test set (False for FedRep/FedPer, whose heads never leave the clients).
-    - ``final_phase``: an extra step after training, given the running ``Experiment`` and
-      the federation; returns a metrics record (the New Test of LG-FedAvg and Local-only).
-    - ``send_local``: the client half of the New Test: reply with the client's own part.
+    - ``local_representation``: whether clients keep a local representation (fair adversarial training needs one).
+    - ``snapshot_after``: message types after which the client's state is snapshotted (resume).
 
-    A strategy may also define these optional hooks, which the ServerApp calls:
-    ``has_global_model(round) -> bool`` (whether its arrays are a global model at that
-    round), ``observe_eval(round, record)`` (after each evaluation),
-    ``observe_failures(node_ids)`` (nodes whose messages failed) and
-    ``observe_population(sizes)`` (once after the handshake: node id -> training examples
-    of every training client), ``on_start(experiment, federation)`` (once before round 1),
-    ``prepare_round(round, experiment, federation) -> record | None`` (before each training
-    round: a phase between rounds, e.g. TCT's convexify step), ``must_evaluate(round)``
-    (evaluate this round whatever ``eval.every`` says), ``evaluate_on_server(round, arrays,
-    global_idx, client_idx) -> scores | None`` (score arrays that are not a model) and
-    ``summary_extra(records) -> dict`` (algorithm-specific summary keys).
+    Without an ``evaluate`` handler a client's personalized model *is* the global model, so
+    the server evaluates it on every client's local test split itself (same numbers, no messages).
     """
 
     name: str
     make_strategy: Callable[[DictConfig], Strategy]
-    train: ClientFn
-    shared_keys: Callable[[SplitModel, DictConfig], list[str]] | None
-    evaluate: ClientFn | None = None
+    handlers: Mapping[str, ClientFn]
+    shared_keys: KeysFn | None
+    config: type | None = None
+    section: str | None = None
+    check: Callable[[DictConfig], None] | None = None
+    check_model: Callable[[DictConfig, Any, SplitModel], None] | None = None
+    server_opts: tuple[str, ...] = ("none",)
     supports_finetune: bool = False
-    global_model: bool = True
-    final_phase: Callable[..., dict] | None = None
-    send_local: ClientFn | None = None
+    local_representation: bool = False
+    snapshot_after: frozenset[str] = field(default_factory=lambda: frozenset({"train", "evaluate"}))
+
+    @property
+    def evaluates_on_clients(self) -> bool:
+        """Whether clients evaluate their own personalized model (an ``evaluate`` handler)."""
+        return "evaluate" in self.handlers
+
+
+ALGORITHMS: dict[str, Algorithm] = {}
+
+
+def register(algorithm: Algorithm) -> Algorithm:
+    """Add ``algorithm`` to the registry (its name must be new and its handlers include ``train``)."""
+    if algorithm.name in ALGORITHMS and ALGORITHMS[algorithm.name] is not algorithm:
+        raise ValueError(f"an algorithm named {algorithm.name!r} is already registered")
+    if "train" not in algorithm.handlers:
+        raise ValueError(f"algorithm {algorithm.name!r} declares no 'train' handler")
+    ALGORITHMS[algorithm.name] = algorithm
+    return algorithm
 
 
 def all_keys(model: SplitModel, cfg: DictConfig) -> list[str]:

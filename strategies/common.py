@@ -163,3 +163,18 @@ def reply(arrays: ArrayRecord | None = None, **metrics: float) -> RecordDict:
 def round_config(content: RecordDict) -> ConfigRecord:
     """The ConfigRecord of a received message (empty when absent)."""
     return content[CONFIG] if CONFIG in content else ConfigRecord()
+
+
+def round_lr(cfg: DictConfig, server_round: int) -> float:
+    """The client learning rate of ``server_round``: ``train.lr · train.lr_decay^(round − 1)``."""
+    return float(cfg.train.lr) * float(cfg.train.lr_decay) ** (server_round - 1)
+
+
+def failure_fields(failed: dict[int, str]) -> dict:
+    """A record's failure fields: the failed partition ids and why each failed."""
+    return {"failed_clients": list(failed), "failures": {str(pid): why for pid, why in failed.items()}}
+
+
+def fmt(value: float | None) -> str:
+    """A metric for a log line (``n/a`` when absent)."""
+    return "n/a" if value is None else f"{value:.4g}"

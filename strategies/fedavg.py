@@ -12,18 +12,37 @@ from flwr.app import RecordDict
 from flwr.serverapp.strategy import FedAdam, FedAvg, FedAvgM, Strategy
 from omegaconf import DictConfig
 
-from strategies.base import TAKE_ALL_NODES, Algorithm, all_keys
+from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, all_keys, register
 from strategies.common import ARRAYS, NUM_EXAMPLES, ClientRuntime, reply, round_config
+
+SERVER_OPTS = ("none", "fedavgm", "fedadam")
+
+
+class FedAvgServer(ServerHooks, FedAvg):
+    """Flower's FedAvg (example-weighted average of the replies)."""
+
+
+class FedAvgMServer(ServerHooks, FedAvgM):
+    """Flower's FedAvgM: server momentum on the averaged update."""
+
+    checkpointed = ("current_arrays", "momentum_vector")
+
+
+class FedAdamServer(ServerHooks, FedAdam):
+    """Flower's FedAdam on the averaged update."""
+
+    checkpointed = ("current_arrays", "m_t", "v_t")
 
 
 def make_strategy(cfg: DictConfig) -> Strategy:
     """FedAvg, or Flower's FedAvgM / FedAdam when a server optimizer is configured."""
     opt = cfg.server_opt
     if opt.name == "fedavgm":
-        return FedAvgM(**TAKE_ALL_NODES, server_learning_rate=opt.lr, server_momentum=opt.momentum)
+        return FedAvgMServer(**TAKE_ALL_NODES, server_learning_rate=opt.lr, server_momentum=opt.momentum)
     if opt.name == "fedadam":
-        return FedAdam(**TAKE_ALL_NODES, eta=opt.lr, eta_l=cfg.train.lr, beta_1=opt.beta_1, beta_2=opt.beta_2, tau=opt.tau)
-    return FedAvg(**TAKE_ALL_NODES)
+        return FedAdamServer(**TAKE_ALL_NODES, eta=opt.lr, eta_l=cfg.train.lr, beta_1=opt.beta_1, beta_2=opt.beta_2,
+                             tau=opt.tau)
+    return FedAvgServer(**TAKE_ALL_NODES)
 
 
 def local_sgd(rt: ClientRuntime, content: RecordDict) -> RecordDict:
@@ -35,10 +54,11 @@ def local_sgd(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     return reply(rt.arrays(), **metrics)
 
 
-ALGORITHM = Algorithm(
+ALGORITHM = register(Algorithm(
     name="fedavg",
     make_strategy=make_strategy,
-    train=local_sgd,
+    handlers={"train": local_sgd},
     shared_keys=all_keys,
+    server_opts=SERVER_OPTS,
     supports_finetune=True,
-)
+))

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from flwr.app import RecordDict
 
-from strategies.base import Algorithm
+from strategies.base import Algorithm, register
 from strategies.common import ARRAYS, NUM_EXAMPLES, ClientRuntime, body_keys, reply, round_config
-from strategies.fedrep import evaluate_with_own_head, keep_head, load_own_head, make_strategy
+from strategies.fedrep import check, check_model, evaluate_with_own_head, keep_head, load_own_head, make_strategy
 
 
 def train_fedper(rt: ClientRuntime, content: RecordDict) -> RecordDict:
@@ -25,11 +25,11 @@ def train_fedper(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     return reply(rt.arrays(rt.body_keys()), **metrics)
 
 
-ALGORITHM = Algorithm(
+ALGORITHM = register(Algorithm(
     name="fedper",
     make_strategy=make_strategy,
-    train=train_fedper,
+    handlers={"train": train_fedper, "evaluate": evaluate_with_own_head},
     shared_keys=body_keys,
-    evaluate=evaluate_with_own_head,
-    global_model=False,
-)
+    check=check,
+    check_model=check_model,
+))

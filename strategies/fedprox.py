@@ -9,19 +9,23 @@ from __future__ import annotations
 from flwr.serverapp.strategy import FedProx, Strategy
 from omegaconf import DictConfig
 
-from strategies.base import TAKE_ALL_NODES, Algorithm, all_keys
+from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, all_keys, register
 from strategies.fedavg import local_sgd
+
+
+class FedProxServer(ServerHooks, FedProx):
+    """Flower's FedProx: FedAvg that sends ``proximal-mu`` in every training round's config."""
 
 
 def make_strategy(cfg: DictConfig) -> Strategy:
     """Flower's FedProx with ``fedprox.mu``."""
-    return FedProx(**TAKE_ALL_NODES, proximal_mu=float(cfg.fedprox.mu))
+    return FedProxServer(**TAKE_ALL_NODES, proximal_mu=float(cfg.fedprox.mu))
 
 
-ALGORITHM = Algorithm(
+ALGORITHM = register(Algorithm(
     name="fedprox",
     make_strategy=make_strategy,
-    train=local_sgd,
+    handlers={"train": local_sgd},
     shared_keys=all_keys,
     supports_finetune=True,
-)
+))

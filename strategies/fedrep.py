@@ -22,23 +22,17 @@ from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg, Strategy
 from omegaconf import DictConfig
 
-from strategies.base import TAKE_ALL_NODES, Algorithm
-from strategies.common import (
-    ARRAYS,
-    NUM_EXAMPLES,
-    ClientRuntime,
-    body_keys,
-    reply,
-    round_config,
-)
+from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, register
+from strategies.common import ARRAYS, NUM_EXAMPLES, ClientRuntime, body_keys, configured_head, reply, round_config
 from strategies.state_store import keep_arrays, kept_arrays
+from task.errors import ConfigError
 from task.learning.engine import TrainResult, fit_head_least_squares, train_head_on_features
 
 HEAD_STATE = "head"
 COLD_START_SALT = 4049  # head fits of never-sampled clients shuffle apart from training rounds
 
 
-class BodyAverage(FedAvg):
+class BodyAverage(ServerHooks, FedAvg):
     """FedAvg of the body; optionally QR-orthonormalises a linear body after averaging."""
 
     def __init__(self, orthonormalize: bool = False) -> None:
@@ -52,6 +46,10 @@ class BodyAverage(FedAvg):
         if arrays is not None and self.orthonormalize:
             arrays = orthonormalize_body(arrays)
         return arrays, metrics
+
+    def has_global_model(self, server_round: int) -> bool:
+        """The body alone is no model: the heads never leave the clients."""
+        return False
 
 
 def orthonormalize_body(arrays: ArrayRecord) -> ArrayRecord:
@@ -143,11 +141,44 @@ def train_fedrep(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     return reply(rt.arrays(rt.body_keys()), **metrics)
 
 
-ALGORITHM = Algorithm(
+# -- the ``fedrep.*`` section (FedRep's and FedPer's heads) ------------------------------------
+HEAD_SOLVERS = ("sgd", "exact")
+
+
+def check(cfg: DictConfig) -> None:
+    """``fedrep.*``: how heads are fitted, and the linear body's orthonormalisation."""
+    fr = cfg.fedrep
+    if fr.head_solver not in HEAD_SOLVERS:
+        raise ConfigError(f"fedrep.head_solver: unknown value {fr.head_solver!r}; allowed: {', '.join(HEAD_SOLVERS)}")
+    if not isinstance(fr.orthonormalize, bool):
+        raise ConfigError(f"fedrep.orthonormalize: got {fr.orthonormalize!r}, expected true or false")
+    if fr.orthonormalize and cfg.model.name != "linear_rep":
+        raise ConfigError(f"fedrep.orthonormalize: orthonormalising the body needs model.name=linear_rep, "
+                          f"got {cfg.model.name!r}")
+    if fr.head_steps is not None and not (isinstance(fr.head_steps, int) and not isinstance(fr.head_steps, bool)
+                                          and fr.head_steps > 0):
+        raise ConfigError(f"fedrep.head_steps: got {fr.head_steps!r}, expected a positive integer")
+    if not (isinstance(fr.head_epochs, (int, float)) and not isinstance(fr.head_epochs, bool) and fr.head_epochs >= 0):
+        raise ConfigError(f"fedrep.head_epochs: got {fr.head_epochs!r}, expected a number >= 0")
+
+
+def check_model(cfg: DictConfig, data, model: torch.nn.Module) -> None:
+    """The exact head solver: least squares of one linear head on a regression task."""
+    if cfg.fedrep.head_solver != "exact":
+        return
+    if data.bundle.task != "regression":
+        raise ConfigError(f"fedrep.head_solver: 'exact' (least squares) needs a regression dataset, "
+                          f"data.name={cfg.data.name!r} is a classification task")
+    head = configured_head(model, cfg)
+    if len(head) != 1 or not isinstance(model.get_submodule(head[0]), torch.nn.Linear):
+        raise ConfigError(f"fedrep.head_solver: 'exact' needs a head of one linear layer, model.head={head}")
+
+
+ALGORITHM = register(Algorithm(
     name="fedrep",
     make_strategy=make_strategy,
-    train=train_fedrep,
+    handlers={"train": train_fedrep, "evaluate": evaluate_with_own_head},
     shared_keys=body_keys,
-    evaluate=evaluate_with_own_head,
-    global_model=False,
-)
+    check=check,
+    check_model=check_model,
+))

@@ -28,11 +28,13 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Strategy
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from strategies.base import TAKE_ALL_NODES, Algorithm, all_keys
+from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, all_keys, register
 from strategies.common import ARRAYS, CONFIG, NUM_EXAMPLES, ClientRuntime, reply, round_config
+from strategies.services import Services
 from strategies.state_store import keep_arrays, kept_arrays
+from task.errors import ConfigError
 from task.learning.fairness import train_fair
 from task.learning.models import FairMLP, SplitModel
 
@@ -66,10 +68,11 @@ def local_keys(model: SplitModel, cfg: DictConfig) -> list[str]:
     return [k for k in model.state_dict() if k not in shared]
 
 
-class LGFedAvg(FedAvg):
+class LGFedAvg(ServerHooks, FedAvg):
     """FedAvg warm start, then FedAvg of the global part with local parts kept on the clients."""
 
-    node_sets = ("initialised",)  # node-id sets (a checkpoint stores them as partition ids)
+    checkpointed = ("switch_round",)
+    node_sets = ("initialised",)
 
     def __init__(self, cfg: DictConfig, fedavg_rounds: int | None, goal_accuracy: float | None) -> None:
         super().__init__(**TAKE_ALL_NODES)
@@ -134,6 +137,17 @@ class LGFedAvg(FedAvg):
                            grid: Grid) -> Iterable[Message]:
         return self._messages(server_round, arrays, config, grid, MessageType.EVALUATE)
 
+    def local_part_messages(self, server_round: int, services: Services) -> list[Message] | None:
+        """New Test: ask every training client for its local part (None during the FedAvg warm start)."""
+        if not self.lg_phase(server_round):
+            return None
+        config = ConfigRecord({"variant": self.cfg.label})
+        return self._messages(server_round, services.get_arrays(), config, services.node_subset(services.trainable),
+                              "query.localpart")
+
+    def summary_extra(self, records: list[dict]) -> dict:
+        """The first LG round (None: training never left the FedAvg warm start)."""
+        return {"lg_switch_round": self.switch_round}
 
 
 def make_strategy(cfg: DictConfig) -> Strategy:
@@ -202,27 +216,29 @@ def send_local_part(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     return reply(rt.arrays(local_keys(rt.model, rt.cfg)), **{NUM_EXAMPLES: len(rt.train)})
 
 
-def new_test(experiment, fed) -> dict:
-    """New Test: every client sends its local part once; the server averages the logits of
-    all local models (each with the current global part) on the global test set."""
-    from flower_app.federation import NodeSubset
-
-    t = int(experiment.cfg.rounds)
-    if not experiment.strategy.lg_phase(t):
-        return {"round": t, "phase": "newtest",
-                "note": "training never left the FedAvg warm start: New Test equals the global accuracy"}
-    config = ConfigRecord({"variant": experiment.cfg.label})
-    nodes = NodeSubset(experiment.grid, fed.nodes(experiment.trainable))
-    return experiment.ensemble_new_test(experiment.strategy._messages(t, experiment.arrays, config, nodes,
-                                                                      "query.localpart"), fed)
+def check(cfg: DictConfig) -> None:
+    """``lg.*``: the global part, and exactly one way to end the FedAvg warm start."""
+    gp = cfg.lg.global_part
+    if not (gp in ("paper", "official_cifar") or (OmegaConf.is_list(gp) and len(gp) > 0)):
+        raise ConfigError(f"lg.global_part: got {gp!r}, expected paper, official_cifar or a non-empty list of layer groups")
+    if (cfg.lg.fedavg_rounds is None) == (cfg.lg.goal_accuracy is None):
+        raise ConfigError("lg.fedavg_rounds: set exactly one of lg.fedavg_rounds and lg.goal_accuracy: LG-FedAvg starts "
+                          "from a FedAvg model trained for a number of rounds or up to a goal accuracy")
 
 
-ALGORITHM = Algorithm(
+def check_model(cfg: DictConfig, data, model: SplitModel) -> None:
+    """The global part names groups of the model and leaves at least one local."""
+    if not local_keys(model, cfg):
+        raise ConfigError("lg.global_part: leaves no local layers; keep at least one group local")
+    global_keys(model, cfg)
+
+
+ALGORITHM = register(Algorithm(
     name="lg_fedavg",
     make_strategy=make_strategy,
-    train=train_lg,
+    handlers={"train": train_lg, "evaluate": evaluate_lg, "query.localpart": send_local_part},
     shared_keys=all_keys,
-    evaluate=evaluate_lg,
-    final_phase=new_test,
-    send_local=send_local_part,
-)
+    check=check,
+    check_model=check_model,
+    local_representation=True,
+))

@@ -14,14 +14,15 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Strategy
 from omegaconf import DictConfig
 
-from strategies.base import TAKE_ALL_NODES, Algorithm
+from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, register
 from strategies.common import CONFIG, METRICS, NUM_EXAMPLES, ClientRuntime, reply, round_config
+from strategies.services import Services
 from strategies.state_store import keep_arrays, kept_arrays
 
 STATE_KEY = "local-model"
 
 
-class LocalOnly(FedAvg):
+class LocalOnly(ServerHooks, FedAvg):
     """Sends configs without arrays; aggregates metrics, returns no arrays."""
 
     def configure_train(
@@ -39,6 +40,12 @@ class LocalOnly(FedAvg):
         if not contents:
             return None, None
         return None, self.train_metrics_aggr_fn(contents, self.weighted_by_key)
+
+    def local_part_messages(self, server_round: int, services: Services) -> list[Message]:
+        """New Test (LG-FedAvg Table 1's Local-only row): every client sends its own model once."""
+        config = ConfigRecord({"variant": services.cfg.label})
+        return [Message(RecordDict({CONFIG: config}), dst_node_id=n, message_type="query.localpart")
+                for n in services.nodes(services.trainable)]
 
 
 def make_strategy(cfg: DictConfig) -> Strategy:
@@ -74,21 +81,9 @@ def send_own_model(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     return reply(rt.arrays(), **{NUM_EXAMPLES: len(rt.train)})
 
 
-def new_test(experiment, fed) -> dict:
-    """New Test (LG-FedAvg Table 1's Local-only row): the server averages the logits of all
-    clients' own models, each sent once after training, on the global test set."""
-    config = ConfigRecord({"variant": experiment.cfg.label})
-    messages = [Message(RecordDict({CONFIG: config}), dst_node_id=n, message_type="query.localpart")
-                for n in fed.nodes(experiment.trainable)]
-    return experiment.ensemble_new_test(messages, fed)
-
-
-ALGORITHM = Algorithm(
+ALGORITHM = register(Algorithm(
     name="local_only",
     make_strategy=make_strategy,
-    train=train_locally,
+    handlers={"train": train_locally, "evaluate": evaluate_own_model, "query.localpart": send_own_model},
     shared_keys=None,
-    evaluate=evaluate_own_model,
-    final_phase=new_test,
-    send_local=send_own_model,
-)
+))

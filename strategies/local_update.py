@@ -27,13 +27,15 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, FedAvgM, Strategy
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch.func import functional_call
 
-from strategies.base import TAKE_ALL_NODES, Algorithm, all_keys
+from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, all_keys, register
 from strategies.common import ARRAYS, METRICS, NUM_EXAMPLES, ClientRuntime, reply, round_config
 from task.learning.engine import loss_function, step_batches
+from strategies.services import Services
 from task.analysis.surrogate import Theta
+from task.errors import ConfigError
 
 PRESETS = ("fedavg", "fedsgd", "minibatch_sgd", "fedprox", "fomaml", "maml", "custom")
 SERVER_OPTS = ("none", "heavy_ball", "nesterov", "adam")  # none: plain gradient descent
@@ -151,7 +153,7 @@ def local_update_train(rt: ClientRuntime, content: RecordDict) -> RecordDict:
 # -- server half ---------------------------------------------------------------------------
 
 
-class PseudoGradientAverage(FedAvg):
+class PseudoGradientAverage(ServerHooks, FedAvg):
     """Averages the clients' pseudo-gradients into q_t (kept as ``pseudo_gradient``) and
     returns the model x_t − q_t: plain gradient descent with step 1, and what a Flower server
     optimizer that works on averaged models (FedAvgM) turns back into q_t."""
@@ -171,9 +173,9 @@ class PseudoGradientAverage(FedAvg):
         config["server-round"] = server_round
         return super().configure_train(server_round, arrays, config, grid)
 
-    def on_start(self, experiment, fed) -> None:
+    def on_start(self, services: Services) -> None:
         """Learn which state keys are parameters: only they carry pseudo-gradients."""
-        self.parameter_keys = {name for name, _ in experiment.model.named_parameters()}
+        self.parameter_keys = {name for name, _ in services.model.named_parameters()}
 
     def reply_template(self, message: Message) -> dict[str, ArrayRecord]:
         """A pseudo-gradient for every parameter of the model the client was sent."""
@@ -230,6 +232,8 @@ class LocalUpdateGD(FedAvgM, PseudoGradientAverage):
     """Gradient descent (momentum 0) or heavy-ball momentum: Flower's FedAvgM on x_t − q_t
     (v ← βv + q, x ← x − ηv)."""
 
+    checkpointed = ("current_arrays", "momentum_vector")
+
     def __init__(self, lr: float, momentum: float, weighting: str) -> None:
         PseudoGradientAverage.__init__(self, weighting)
         self.server_learning_rate, self.server_momentum = float(lr), float(momentum)
@@ -240,6 +244,8 @@ class LocalUpdateGD(FedAvgM, PseudoGradientAverage):
 class LocalUpdateNesterov(ServerStep):
     """Nesterov momentum in its momentum form (PyTorch's): v ← βv + q, x ← x − η(q + βv);
     the broadcast model is the look-ahead point where Nesterov evaluates its gradient."""
+
+    checkpointed = ("velocity",)
 
     def __init__(self, lr: float, momentum: float, weighting: str) -> None:
         super().__init__(weighting)
@@ -258,6 +264,8 @@ class LocalUpdateNesterov(ServerStep):
 class LocalUpdateAdam(ServerStep):
     """Adam (Kingma & Ba) on q_t with bias correction by the number of server steps t:
     x ← x − η m̂/(√v̂ + ε), ε = ``server_opt.tau``."""
+
+    checkpointed = ("m", "v", "t")
 
     def __init__(self, lr: float, beta_1: float, beta_2: float, eps: float, weighting: str) -> None:
         super().__init__(weighting)
@@ -290,9 +298,38 @@ def make_strategy(cfg: DictConfig) -> Strategy:
     return LocalUpdateGD(opt.lr, opt.momentum if opt.name == "heavy_ball" else 0.0, weighting)
 
 
-ALGORITHM = Algorithm(
+def check(cfg: DictConfig) -> None:
+    """The ``local_update.*`` keys and the conditions of each preset (the paper's Table 1)."""
+    lu = cfg.local_update
+    for key, value, allowed in (("preset", lu.preset, PRESETS), ("weighting", lu.weighting, WEIGHTINGS)):
+        if value not in allowed:
+            raise ConfigError(f"local_update.{key}: unknown value {value!r}; allowed: {', '.join(allowed)}")
+    if not (isinstance(lu.steps, int) and not isinstance(lu.steps, bool) and lu.steps > 0):
+        raise ConfigError(f"local_update.steps: got {lu.steps!r}, expected a positive integer")
+    for key in ("client_lr", "alpha"):
+        value = lu[key]
+        if not (isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0):
+            raise ConfigError(f"local_update.{key}: got {value!r}, expected a number >= 0")
+    if lu.theta is not None:
+        ok = OmegaConf.is_list(lu.theta) and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                 for v in lu.theta)
+        try:
+            ok = ok and Theta.of(list(lu.theta)) is not None
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ConfigError(f"local_update.theta: got {lu.theta!r}, expected null or a list of weights >= 0, "
+                              "at least one > 0")
+    problem = preset_problem(cfg)
+    if problem is not None:
+        raise ConfigError(problem)
+
+
+ALGORITHM = register(Algorithm(
     name="local_update",
     make_strategy=make_strategy,
-    train=local_update_train,
+    handlers={"train": local_update_train},
     shared_keys=all_keys,
-)
+    check=check,
+    server_opts=SERVER_OPTS,
+))

@@ -23,9 +23,10 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Strategy
 from omegaconf import DictConfig
 
-from strategies.base import TAKE_ALL_NODES, Algorithm, all_keys
+from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, all_keys, register
 from strategies.common import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, ClientRuntime, reply, round_config
 from strategies.state_store import keep_arrays, kept_arrays
+from task.errors import ConfigError
 
 CONTROL = "control"  # the message entry with c (server -> client) or Δc_i (client -> server)
 CLIENT_CONTROL = "scaffold-ci"  # the client's c_i in its kept state
@@ -34,9 +35,11 @@ WEIGHTINGS = ("uniform", "examples")
 Tensors = dict[str, torch.Tensor]
 
 
-class Scaffold(FedAvg):
+class Scaffold(ServerHooks, FedAvg):
     """The SCAFFOLD server: the global model moves by the averaged client deltas, the
     server control variate by the clients' control-variate changes."""
+
+    checkpointed = ("control",)
 
     def __init__(self, global_lr: float = 1.0, weighting: str = "uniform") -> None:
         super().__init__(**TAKE_ALL_NODES)
@@ -146,10 +149,20 @@ def scaffold_train(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     return out
 
 
-ALGORITHM = Algorithm(
+def check(cfg: DictConfig) -> None:
+    """``scaffold.*`` and what SCAFFOLD cannot train."""
+    if cfg.scaffold.weighting not in WEIGHTINGS:
+        raise ConfigError(f"scaffold.weighting: unknown value {cfg.scaffold.weighting!r}; allowed: {', '.join(WEIGHTINGS)}")
+    if cfg.model.name == "adult_fair":
+        raise ConfigError("algorithm: the fair model trains with its own adversary step and no gradient correction: "
+                          "use lg_fedavg or fedavg")
+
+
+ALGORITHM = register(Algorithm(
     name="scaffold",
     make_strategy=make_strategy,
-    train=scaffold_train,
+    handlers={"train": scaffold_train},
     shared_keys=all_keys,
+    check=check,
     supports_finetune=True,
-)
+))

@@ -37,12 +37,13 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Strategy
 from omegaconf import DictConfig
 
-from strategies.base import TAKE_ALL_NODES, Algorithm, all_keys
-from strategies.common import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, ClientRuntime, reply, round_config
-from strategies.fedavg import local_sgd
+from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, all_keys, register
+from strategies.common import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, ClientRuntime, failure_fields, reply, round_config
+from strategies.fedavg import FedAvgServer, local_sgd
 from strategies.scaffold import CONTROL, Scaffold, control_update
+from strategies.services import Services
 from strategies.state_store import keep_arrays, kept_arrays, node_file, state_root
-from task.tct.entk import entk_network, extract_features, parameter_count, select_coordinates
+from task.tct.entk import METHODS, entk_network, extract_features, parameter_count, select_coordinates
 from task.errors import ConfigError
 from task.tct.linear import (FEATURE_DTYPES, FeatureMatrix, LocalLeastSquares, feature_moments, one_hot_targets,
                       open_feature_file, standardization)
@@ -100,17 +101,18 @@ def memory_plan(cfg: DictConfig, train_sizes: list[int], test_rows: int) -> str:
             f"256 MiB blocks")
 
 
-class TCT(FedAvg):
+class TCT(ServerHooks, FedAvg):
     """FedAvg for T1 rounds, the convexify phase, then the stage-2 solver on W."""
 
-    node_sets = ("informed",)  # node-id sets (a checkpoint stores them as partition ids)
+    checkpointed = ("standardization", "test_path", "warned")  # the path of the test features, not the open matrix
+    node_sets = ("informed",)
 
     def __init__(self, cfg: DictConfig) -> None:
         super().__init__(**TAKE_ALL_NODES)
         self.cfg = cfg
         self.stage1_rounds = int(cfg.tct.stage1_rounds)
-        self.stage2: FedAvg = (Scaffold(float(cfg.scaffold.global_lr), str(cfg.scaffold.weighting))
-                               if cfg.tct.solver == "scaffold" else FedAvg(**TAKE_ALL_NODES))
+        self.stage2: ServerHooks = (Scaffold(float(cfg.scaffold.global_lr), str(cfg.scaffold.weighting))
+                                    if cfg.tct.solver == "scaffold" else FedAvgServer(**TAKE_ALL_NODES))
         self.standardization: ArrayRecord | None = None
         self.informed: set[int] = set()  # nodes that hold the standardisation
         self.test: FeatureMatrix | None = None
@@ -126,22 +128,22 @@ class TCT(FedAvg):
         if isinstance(self.stage2, Scaffold):
             self.stage2.observe_population(sizes)
 
-    def __getstate__(self) -> dict:
-        """A checkpoint keeps the path of the server's test features, not the open matrix."""
-        return {k: v for k, v in vars(self).items() if k not in ("test", "test_labels")}
+    def state_dict(self, pid_of) -> dict:
+        return {**super().state_dict(pid_of), "stage2": self.stage2.state_dict(pid_of)}
 
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state, test=None, test_labels=None)
+    def load_state_dict(self, state, node_of) -> None:
+        super().load_state_dict(state, node_of)
+        self.stage2.load_state_dict(state["stage2"], node_of)
 
-    def on_start(self, experiment, fed) -> None:
+    def on_start(self, services: Services) -> None:
         """State the feature memory before round 1; refuse a run whose stage-2 Gram matrix
         (min(n_k, p)² per client) cannot fit in this machine's memory. A resumed stage 2
         reopens the server's test features."""
         if self.test_path is not None and self.test is None:
-            self._open_test(experiment, open_feature_file(self.test_path,
-                                                          dtype=FEATURE_DTYPES[str(self.cfg.tct.feature_dtype)]))
-        sizes = [fed.train_size[p] for p in experiment.trainable]
-        log(INFO, "[flrep] %s", memory_plan(self.cfg, sizes, len(experiment.evaluator.test)))
+            self._open_test(services, open_feature_file(Path(self.test_path),
+                                                        dtype=FEATURE_DTYPES[str(self.cfg.tct.feature_dtype)]))
+        sizes = [services.train_sizes[p] for p in services.trainable]
+        log(INFO, "[flrep] %s", memory_plan(self.cfg, sizes, len(services.evaluator.test)))
         side = min(max(sizes, default=0), int(self.cfg.tct.features))
         needed, available = 3 * side * side * 8, physical_memory()
         if available and needed > available:
@@ -157,24 +159,22 @@ class TCT(FedAvg):
         """A failed message may not have delivered the standardisation: send it again."""
         self.informed.difference_update(nodes)
 
-    def prepare_round(self, server_round: int, experiment, fed) -> dict | None:
+    def prepare_round(self, server_round: int, services: Services) -> dict | None:
         """Before round T1+1: the convexify phase (returns its record)."""
         if server_round != self.stage1_rounds + 1:
             return None
-        return self.convexify(server_round, experiment, fed)
+        return self.convexify(server_round, services)
 
-    def convexify(self, server_round: int, experiment, fed) -> dict:
+    def convexify(self, server_round: int, services: Services) -> dict:
         """eNTK features on every training client, moments -> standardisation, test features on
         the server; the server's arrays become W = 0."""
-        from flower_app.federation import failure_fields
-
         cfg, start = self.cfg, time.monotonic()
-        pids = experiment.trainable
-        evaluator = experiment.evaluator
+        pids = services.trainable
+        evaluator = services.evaluator
         config = ConfigRecord({"variant": cfg.label, "server-round": server_round})
-        messages = [Message(RecordDict({ARRAYS: experiment.arrays, CONFIG: config}), dst_node_id=n,
-                            message_type="query.entk") for n in fed.nodes(pids)]
-        replies, failed = experiment.exchange(messages, fed, "entk")
+        messages = [Message(RecordDict({ARRAYS: services.get_arrays(), CONFIG: config}), dst_node_id=n,
+                            message_type="query.entk") for n in services.nodes(pids)]
+        replies, failed = services.send(messages, "entk")
         if not replies:
             raise RuntimeError(f"no client computed its eNTK features (failed: {failed})")
         if cfg.tct.normalize:
@@ -184,16 +184,16 @@ class TCT(FedAvg):
             squares = sum(m["sum_squares"] for m in moments)
             mean, std = standardization(count, sums, squares)
             self.standardization = ArrayRecord({"mean": mean, "std": std})
-        evaluator.load(experiment.arrays)
+        evaluator.load(services.get_arrays())
         net, coords = entk_setup(evaluator.model, cfg)
-        path = state_root(cfg) / f"server-{experiment.name}-{experiment.run_token}" / "test-features.npy"
+        path = state_root(cfg) / f"server-{services.run_key}" / "test-features.npy"
         require_disk(path.parent, feature_bytes(len(evaluator.test), cfg), "the server's test features")
         raw = open_feature_file(path, (len(evaluator.test), len(coords)), FEATURE_DTYPES[str(cfg.tct.feature_dtype)])
         extract_features(net, evaluator.test.x, coords, raw, str(cfg.tct.entk_method), int(cfg.tct.entk_batch_size))
         self.test_path = path
-        self._open_test(experiment, raw)
-        num_classes = int(experiment.data.bundle.num_classes)
-        experiment.arrays = ArrayRecord({WEIGHTS: torch.zeros(len(coords), num_classes)})
+        self._open_test(services, raw)
+        num_classes = int(services.data.bundle.num_classes)
+        services.set_arrays(ArrayRecord({WEIGHTS: torch.zeros(len(coords), num_classes)}))
         seconds = [float(r.content[METRICS]["entk_seconds"]) for r in replies]
         record = {"round": server_round - 1, "phase": "convexify", "features": len(coords),
                   "feature_gib": sum(float(r.content[METRICS]["feature_bytes"]) for r in replies) / GIB,
@@ -205,10 +205,10 @@ class TCT(FedAvg):
             "on" if cfg.tct.normalize else "off", record["convexify_seconds"])
         return record
 
-    def _open_test(self, experiment, raw: torch.Tensor) -> None:
+    def _open_test(self, services: Services, raw: torch.Tensor) -> None:
         scale = self.standardization.to_torch_state_dict() if self.standardization is not None else {}
-        self.test = FeatureMatrix(raw, scale.get("mean"), scale.get("std"), experiment.evaluator.test.y.device)
-        self.test_labels = experiment.evaluator.test.y
+        self.test = FeatureMatrix(raw, scale.get("mean"), scale.get("std"), services.evaluator.test.y.device)
+        self.test_labels = services.evaluator.test.y
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
@@ -374,9 +374,48 @@ def tct_train(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     return linear_round(rt, content)
 
 
-ALGORITHM = Algorithm(
+def check(cfg: DictConfig) -> None:
+    """``tct.*``, and what a TCT run cannot combine with."""
+    tct = cfg.tct
+    for key, allowed in (("feature_dtype", FEATURE_DTYPES), ("entk_method", METHODS), ("solver", SOLVERS)):
+        if tct[key] not in allowed:
+            raise ConfigError(f"tct.{key}: unknown value {tct[key]!r}; allowed: {', '.join(allowed)}")
+    for key in ("features", "entk_batch_size", "local_steps"):
+        if not (isinstance(tct[key], int) and not isinstance(tct[key], bool) and tct[key] > 0):
+            raise ConfigError(f"tct.{key}: got {tct[key]!r}, expected a positive integer")
+    if not (isinstance(tct.lr, (int, float)) and not isinstance(tct.lr, bool) and tct.lr > 0):
+        raise ConfigError(f"tct.lr: got {tct.lr!r}, expected a positive number")
+    for key in ("normalize", "centered_targets"):
+        if not isinstance(tct[key], bool):
+            raise ConfigError(f"tct.{key}: got {tct[key]!r}, expected true or false")
+    t1 = tct.stage1_rounds
+    if not (isinstance(t1, int) and not isinstance(t1, bool) and t1 >= 0):
+        raise ConfigError(f"tct.stage1_rounds: got {t1!r}, expected an integer >= 0")
+    if not (isinstance(cfg.rounds, int) and t1 < cfg.rounds):
+        raise ConfigError(f"tct.stage1_rounds: {t1} FedAvg rounds leave no stage-2 round of rounds={cfg.rounds}; "
+                          "`rounds` counts both stages")
+    if cfg.data.num_new_clients != 0:
+        raise ConfigError("data.num_new_clients: TCT has no new-client protocol; set it to 0")
+    if cfg.data.online_device.enabled:
+        raise ConfigError("data.online_device.enabled: TCT has no online phase")
+
+
+def check_model(cfg: DictConfig, data, model: torch.nn.Module) -> None:
+    """A classification task, and no more eNTK coordinates than the eNTK network has parameters."""
+    if data.bundle.task == "regression":
+        raise ConfigError("algorithm: TCT regresses one-hot class targets: it needs a classification dataset")
+    size = parameter_count(entk_network(model, int(cfg.seed)))
+    if int(cfg.tct.features) > size:
+        raise ConfigError(f"tct.features: {cfg.tct.features} coordinates of a {size:,}-parameter eNTK network "
+                          f"({cfg.model.name} with one output logit)")
+
+
+ALGORITHM = register(Algorithm(
     name="tct",
     make_strategy=make_strategy,
-    train=tct_train,
+    handlers={"train": tct_train, "query.entk": compute_entk},
     shared_keys=all_keys,
-)
+    check=check,
+    check_model=check_model,
+    snapshot_after=frozenset({"train", "evaluate", "query.entk"}),
+))

@@ -101,9 +101,7 @@ def _round(tmp_path, name: str, fail=(), corrupt=None):
     experiment = Experiment(grid, cfg)
     fed = experiment.start_federation()
     for t in range(1, rounds + 1):
-        prepare = getattr(experiment.strategy, "prepare_round", None)
-        if prepare is not None:
-            prepare(t, experiment, fed)
+        experiment.strategy.prepare_round(t, experiment.services)
         last = t == rounds
         grid.corrupt, grid.fail = ({1: corrupt} if corrupt and last else {}), (set(fail) if last else set())
         record = experiment.train_round(t, fed)

@@ -151,7 +151,7 @@ def test_never_sampled_client_is_evaluated_with_a_head_fitted_on_its_data(algori
     rt.reset_model()
     algo = ALGORITHMS[algorithm]
     content = body_message(rt, 3)
-    result = algo.evaluate(rt, content)[METRICS]
+    result = algo.handlers["evaluate"](rt, content)[METRICS]
     assert rt.state_key("head") not in rt.state  # evaluation keeps nothing
     reference = make_runtime(algorithm)
     reference.reset_model()

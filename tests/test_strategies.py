@@ -12,7 +12,7 @@ from flower_app.config import load_config
 from flower_app.federation import NodeSubset, Traffic, exchange, payload_size
 from strategies import ALGORITHMS
 from strategies.common import ARRAYS, CONFIG, METRICS, ClientRuntime, reply
-from strategies.finetune import finetune
+from protocols.finetune import finetune
 from task.learning.engine import TensorData
 from task.learning.models import build_model
 
@@ -39,7 +39,7 @@ def test_fedavg_one_client_one_step_equals_centralized_sgd():
     arrays = ArrayRecord(global_model.state_dict())
     strategy = ALGORITHMS["fedavg"].make_strategy(rt.cfg)
     out_msg = Message(train_message(rt, arrays), dst_node_id=1, message_type="train")
-    client_reply = Message(ALGORITHMS["fedavg"].train(rt, out_msg.content), reply_to=out_msg)
+    client_reply = Message(ALGORITHMS["fedavg"].handlers["train"](rt, out_msg.content), reply_to=out_msg)
     aggregated, _ = strategy.aggregate_train(1, [client_reply])
 
     reference = copy.deepcopy(global_model)
@@ -71,7 +71,7 @@ def test_fedprox_server_sends_mu_and_client_uses_it():
     for mu in (0.0, 5.0):
         rt = make_runtime(["train.local_epochs=3"])
         arrays = ArrayRecord(rt.model.state_dict())
-        results.append(ALGORITHMS["fedprox"].train(rt, train_message(rt, arrays, **{"proximal-mu": mu}))[ARRAYS])
+        results.append(ALGORITHMS["fedprox"].handlers["train"](rt, train_message(rt, arrays, **{"proximal-mu": mu}))[ARRAYS])
     assert not np.allclose(results[0]["fc1.1.weight"].numpy(), results[1]["fc1.1.weight"].numpy())
 
 
@@ -80,12 +80,12 @@ def test_local_only_sends_no_arrays_and_keeps_its_model():
     strategy = ALGORITHMS["local_only"].make_strategy(rt.cfg)
     msgs = list(strategy.configure_train(1, ArrayRecord(), ConfigRecord({"lr": 0.05}), NodeSubset(None, [5])))
     assert payload_size(msgs[0].content) == (0, 0)
-    content = ALGORITHMS["local_only"].train(rt, msgs[0].content)
+    content = ALGORITHMS["local_only"].handlers["train"](rt, msgs[0].content)
     assert payload_size(content) == (0, 0)
     kept = rt.state[rt.state_key("local-model")]["fc1.1.weight"].numpy()
     assert not np.allclose(kept, rt.initial_state["fc1.1.weight"].numpy())
     rt.reset_model()  # evaluation must use the kept model, not whatever the model object holds
-    metrics = ALGORITHMS["local_only"].evaluate(rt, RecordDict())[METRICS]
+    metrics = ALGORITHMS["local_only"].handlers["evaluate"](rt, RecordDict())[METRICS]
     rt.load(rt.state[rt.state_key("local-model")])
     assert metrics["accuracy"] == pytest.approx(rt.evaluate_local()["accuracy"])
 

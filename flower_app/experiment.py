@@ -1,0 +1,297 @@
+"""The round loop of one run: sampling, sending and screening, aggregation, evaluation,
+checkpoint/resume and results. It names no algorithm: it calls the strategy's Flower methods
+and its declared hooks (:class:`strategies.base.ServerHooks`), and the active paper protocols
+(:mod:`protocols`), all through the narrow :class:`flower_app.services.RunServices`.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+import uuid
+from datetime import datetime
+from logging import INFO, WARNING
+from pathlib import Path
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from omegaconf import DictConfig
+
+from flower_app import checkpoint
+from flower_app.config import clients_per_round, pick_device, validate_with_data
+from flower_app.federation import Federation, NodeSubset, Traffic, connect, rejoin
+from flower_app.results import RunRecorder
+from flower_app.services import RunServices
+from flower_app.tracking import Tracker
+from protocols import PROTOCOLS
+from strategies import ALGORITHMS
+from strategies.base import Algorithm, ServerHooks
+from strategies.common import failure_fields, fmt, round_lr
+from strategies.evaluator import ServerEvaluator
+from task.data.sampling import sample_clients
+from task.learning.metrics import client_spread, final_window_mean
+
+#: Progress-line fields shown when a round reports them (regression and linear-representation runs).
+EXTRA_PROGRESS = (("personalized_loss", "personalized loss"), ("representation_distance", "dist(B,B*)"),
+                  ("global_grad_norm", "grad norm"))
+
+
+def output_dir(cfg: DictConfig) -> Path:
+    """``resume`` (a resumed run goes on writing where it started), ``out_dir``, or
+    ``outputs/<experiment>-<timestamp>`` under the current directory."""
+    if cfg.resume:
+        return Path(str(cfg.resume)).expanduser().resolve()
+    if cfg.out_dir:
+        return Path(str(cfg.out_dir)).expanduser().resolve()
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    return (Path.cwd() / "outputs" / f"{cfg.experiment}-{stamp}").resolve()
+
+
+class Experiment:
+    """One run: the round loop of the configured algorithm plus the active paper protocols."""
+
+    def __init__(self, grid: Grid, cfg: DictConfig) -> None:
+        self.grid, self.cfg = grid, cfg
+        self.start = time.monotonic()
+        self.algorithm: Algorithm = ALGORITHMS[cfg.algorithm]
+        self.data, self.model = validate_with_data(cfg)
+        held_out = set(self.data.new_clients) | {self.data.online_device}
+        self.trainable = [p for p in range(self.data.num_clients) if p not in held_out]
+        self.last_main_round = int(cfg.rounds)
+        self.main_done = False  # the main training rounds are over (a protocol may end them early)
+        self.num_sampled = clients_per_round(cfg)
+        self.traffic = Traffic()
+        self.out_dir = output_dir(cfg)
+        self.resumed = checkpoint.load(self.out_dir, cfg) if cfg.resume else None
+        if self.resumed is None:  # a fresh start: no snapshot of an earlier run in this folder may be restored
+            shutil.rmtree(checkpoint.checkpoint_dir(self.out_dir), ignore_errors=True)
+        self.run_token = self.resumed["run_token"] if self.resumed else uuid.uuid4().hex[:12]
+        self.recorder = RunRecorder(self.out_dir, cfg,
+                                    checkpoint.saved_records(self.out_dir, self.resumed) if self.resumed else ())
+        self.name = f"{cfg.experiment}-{cfg.label}-s{cfg.seed}"
+        self.tracker = Tracker(cfg, self.out_dir, self.name)
+        self.evaluator = ServerEvaluator(self.data, self.model, pick_device(cfg), int(cfg.eval.batch_size))
+        self.strategy: ServerHooks = self.algorithm.make_strategy(cfg)
+        self.fed: Federation | None = None
+        self.services = RunServices(self)
+        self.protocols = [p for p in PROTOCOLS if p.active(self.services)]
+        if self.algorithm.shared_keys is None:
+            self.arrays = ArrayRecord()
+        else:
+            state = self.model.state_dict()
+            self.arrays = ArrayRecord({k: state[k].detach().clone() for k in self.algorithm.shared_keys(self.model, cfg)})
+        self.next_round = 1
+        if self.resumed is not None:
+            self.restore(self.resumed)
+
+    def restore(self, saved: dict) -> None:
+        """Continue from a checkpoint: arrays, traffic, rounds, elapsed time (the strategy's state
+        is restored after the handshake, when node ids are known)."""
+        self.arrays = ArrayRecord({k: Array(v) for k, v in saved["arrays"].items()})
+        self.traffic = Traffic(**saved["traffic"])
+        self.last_main_round, self.next_round = saved["last_main_round"], saved["round"] + 1
+        self.main_done = saved["main_done"]
+        self.start -= saved["elapsed_s"]
+        log(INFO, "[flrep] resuming %s after round %d", self.out_dir, saved["round"])
+
+    def handshake(self, restore_round: int = -1) -> ConfigRecord:
+        """What a node hears when it joins: the variant, where clients snapshot their state
+        after each round, and the round whose snapshot to restore (-1: none)."""
+        return ConfigRecord({"variant": self.cfg.label,
+                             "checkpoint-dir": str(checkpoint.checkpoint_dir(self.out_dir) / "clients"),
+                             "checkpoint-key": f"{self.name}-{self.run_token}", "restore-round": restore_round,
+                             "input-shape": [int(d) for d in self.data.bundle.input_shape],
+                             "num-classes": int(self.data.bundle.num_classes)})
+
+    def save_checkpoint(self, t: int, fed: Federation) -> None:
+        """The server checkpoint at the end of round ``t``."""
+        checkpoint.save(self.out_dir, {
+            "round": t, "config": checkpoint.plain_config(self.cfg), "arrays": checkpoint.arrays_state(self.arrays),
+            "strategy": self.strategy.state_dict(fed.pid_of), "run_token": self.run_token,
+            "records_count": len(self.recorder.records),
+            "traffic": dict(vars(self.traffic)), "last_main_round": self.last_main_round, "main_done": self.main_done,
+            "elapsed_s": time.monotonic() - self.start})
+
+    # -- phases ---------------------------------------------------------------------------
+    def train_round(self, t: int, fed: Federation, pids: list[int] | None = None) -> dict:
+        if pids is None:
+            pids = sample_clients(self.trainable, self.num_sampled, int(self.cfg.seed), t)
+        config = ConfigRecord({"lr": round_lr(self.cfg, t), "variant": self.cfg.label})
+        messages = list(self.strategy.configure_train(t, self.arrays, config, NodeSubset(self.grid, fed.nodes(pids))))
+        replies, failed = self.services.send(messages, "train", self.strategy.reply_template)
+        record = {"round": t, "phase": "train", "clients": pids, **failure_fields(failed)}
+        minimum = min(int(self.cfg.faults.min_replies), len(messages))  # online rounds ask fewer clients
+        if len(replies) < minimum:
+            log(WARNING, "[flrep] round %d skipped: %d sound replies, faults.min_replies=%d", t, len(replies), minimum)
+            record["skipped"] = True
+            self.strategy.aggregate_skipped(t, replies)  # state the clients already committed
+            return record
+        new_arrays, metrics = self.strategy.aggregate_train(t, replies)
+        if new_arrays is not None:
+            for key in new_arrays:
+                self.arrays[key] = new_arrays[key]
+        if metrics is not None:
+            record.update({k: float(v) for k, v in metrics.items()})
+        return record
+
+    def evaluate_round(self, t: int, fed: Federation, pids: list[int] | None = None) -> dict:
+        pids = self.trainable if pids is None else pids
+        record: dict = {"round": t, "phase": "eval"}
+        # nodes with their own data: the server's copy has none of their test splits to score
+        client_idx = {} if fed.own_data else {p: self.data.client_test[p] for p in pids}
+        scores = self.strategy.evaluate_on_server(t, self.arrays, self.data.global_test, client_idx)
+        if scores is not None:  # the strategy scores its own (non-model) arrays, e.g. TCT's stage 2
+            record["global_accuracy"], record["global_loss"] = scores["global_accuracy"], scores["global_loss"]
+            accs, losses, failed = scores["accuracy"], scores["loss"], {}
+        else:
+            accs, losses, failed = self._evaluate_model(t, fed, pids, record)
+        spread = client_spread(accs.values()) if accs else {}
+        record.update(
+            personalized_accuracy=spread.get("mean"),
+            personalized_accuracy_std=spread.get("std"),
+            personalized_accuracy_worst10=spread.get("worst10"),
+            personalized_loss=float(np.mean(list(losses.values()))) if losses else None,
+            client_accuracy={str(k): v for k, v in sorted(accs.items())},
+            **failure_fields(failed),
+        )
+        return record
+
+    def _evaluate_model(self, t: int, fed: Federation, pids: list[int], record: dict) -> tuple[dict, dict, dict[int, str]]:
+        """Global metrics of the server's model into ``record``; personalized accuracy and loss
+        per client (on the server, or by the clients when the algorithm or a protocol needs it)."""
+        if self.algorithm.shared_keys is not None and self.strategy.has_global_model(t):
+            self.evaluator.load(self.arrays)
+            record["global_accuracy"], record["global_loss"] = self.evaluator.global_metric()
+        on_clients = (self.algorithm.evaluates_on_clients or fed.own_data
+                      or any(p.clients_evaluate(self.services) for p in self.protocols))
+        replies, failed = [], {}
+        if on_clients:
+            config = ConfigRecord({"variant": self.cfg.label, "server-round": t})
+            for protocol in self.protocols:
+                config.update(protocol.evaluate_config(t, self.services))
+            messages = list(self.strategy.configure_evaluate(t, self.arrays, config,
+                                                             NodeSubset(self.grid, fed.nodes(pids))))
+            replies, failed = self.services.send(messages, "evaluate")
+            accs, losses = self.services.metric_of(replies, "accuracy"), self.services.metric_of(replies, "loss")
+        else:
+            accs, losses = self.evaluator.per_client(pids)
+        for protocol in self.protocols:
+            protocol.on_evaluate(t, record, replies, self.services)
+        return accs, losses, failed
+
+    def should_evaluate(self, t: int) -> bool:
+        cfg = self.cfg
+        return (t % int(cfg.eval.every) == 0 or t > int(cfg.rounds) - int(cfg.eval.final_window) or t == 1
+                or self.strategy.must_evaluate(t))
+
+    def adopt_restarted(self, t: int, fed: Federation) -> None:
+        """Before round ``t``: hand restarted SuperNodes (new node ids) their clients, restored to round ``t - 1``."""
+        if rejoin(self.grid, fed, self.traffic, self.handshake(restore_round=t - 1), self.services.reply_timeout):
+            self.observe_population(fed)
+
+    def observe_population(self, fed: Federation) -> None:
+        """Tell the strategy every training client's node and size."""
+        self.strategy.observe_population({fed.node_of[p]: fed.train_size[p] for p in self.trainable})
+
+    # -- main loop ------------------------------------------------------------------------
+    def start_federation(self) -> Federation:
+        """Connect to the nodes (handshake), restore a resumed strategy, tell it who the nodes are."""
+        fed = connect(self.grid, self.data.num_clients, self.traffic, float(self.cfg.faults.node_wait_s),
+                      self.handshake(self.next_round - 1 if self.resumed is not None else -1),
+                      self.services.reply_timeout)
+        self.fed = fed
+        if self.resumed is not None:
+            self.strategy.load_state_dict(self.resumed["strategy"], fed.node_of)
+        self.observe_population(fed)
+        self.strategy.on_start(self.services)
+        return fed
+
+    def log_record(self, record: dict, track: str | None = None, stamp: bool = True) -> None:
+        """Write ``record`` (with traffic and elapsed time when ``stamp``; to the tracker under ``track``)."""
+        if stamp:
+            record.update(self.traffic.as_dict(), elapsed_s=time.monotonic() - self.start)
+        self.recorder.log(record)
+        if track is not None:
+            self.tracker.log({f"{track}/{k}": v for k, v in record.items()}, step=record["round"])
+
+    def run(self) -> dict:
+        cfg = self.cfg
+        rounds = int(cfg.rounds)
+        log(INFO, "[flrep] %s: %s on %s, %d clients (%d per round), %d rounds -> %s",
+            cfg.experiment, cfg.algorithm, cfg.data.name, self.data.num_clients, self.num_sampled, rounds, self.out_dir)
+        fed = self.start_federation()
+        loop_start, first_round = time.monotonic(), self.next_round
+        for t in range(self.next_round, 0 if self.main_done else rounds + 1):
+            self.adopt_restarted(t, fed)
+            phase_record = self.strategy.prepare_round(t, self.services)
+            if phase_record is not None:
+                self.log_record(phase_record)
+            self.log_record(self.train_round(t, fed), track="train")
+            if self.should_evaluate(t):
+                eval_record = self.evaluate_round(t, fed)
+                self.strategy.observe_eval(t, eval_record)
+                self.log_record(eval_record, track="eval")
+                self._progress(t, rounds, eval_record, (time.monotonic() - loop_start) / (t - first_round + 1))
+                if any(p.ends_main_phase(eval_record, self.services) for p in self.protocols):
+                    self.last_main_round, self.main_done = t, True
+            self.main_done = self.main_done or t == rounds
+            self.save_checkpoint(t, fed)
+            if self.main_done:
+                break
+        for protocol in self.protocols:
+            protocol.after_main(self.services)
+        for protocol in self.protocols:
+            record = protocol.after_training(self.services)
+            if record is not None:
+                self.log_record(record)
+        summary = self.summary()
+        self.recorder.write_summary(summary)
+        self.recorder.plot(self.name)
+        self.tracker.finish(summary)
+        log(INFO, "[flrep] personalized accuracy (final %d rounds) %s, global accuracy %s, %.1fs",
+            int(cfg.eval.final_window), fmt(summary["personalized_accuracy"]), fmt(summary["global_accuracy"]),
+            summary["wall_time_s"])
+        log(INFO, "[flrep] outputs: %s", self.out_dir)
+        return summary
+
+    def _progress(self, t: int, rounds: int, record: dict, seconds_per_round: float) -> None:
+        extra = "".join(f" | {name} {fmt(record.get(key))}" for key, name in EXTRA_PROGRESS
+                        if record.get(key) is not None
+                        and (key != "personalized_loss" or record["personalized_accuracy"] is None))
+        log(INFO, "[flrep] round %d/%d | personalized acc %s | global acc %s%s | elapsed %.1fs | ETA %.1fs",
+            t, rounds, fmt(record["personalized_accuracy"]), fmt(record.get("global_accuracy")), extra,
+            time.monotonic() - self.start, seconds_per_round * (rounds - t))
+
+    def summary(self) -> dict:
+        cfg, records = self.cfg, self.recorder.records
+        evals = [r for r in records if r["phase"] == "eval"]
+        window = int(cfg.eval.final_window)
+
+        def final(key: str) -> float | None:
+            return final_window_mean([r["round"] for r in evals], [r.get(key) for r in evals], self.last_main_round,
+                                     window)
+
+        trains = [r for r in records if r["phase"] == "train"]
+        summary = {
+            "status": "completed", "experiment": cfg.experiment, "algorithm": cfg.algorithm,
+            "dataset": cfg.data.name, "model": cfg.model.name, "num_clients": self.data.num_clients,
+            "clients_per_round": self.num_sampled, "rounds": int(cfg.rounds), "seed": int(cfg.seed),
+            **{key: final(key) for key in ("personalized_accuracy", "personalized_accuracy_std",
+                                           "personalized_accuracy_worst10", "personalized_loss", "global_accuracy")},
+            "global_accuracy_last": evals[-1].get("global_accuracy") if evals else None,
+            "final_window": window,
+            "failed_client_replies": sum(len(r.get("failed_clients", [])) for r in records),
+            "rounds_skipped": [r["round"] for r in trains if r.get("skipped")],
+            "wall_time_s": time.monotonic() - self.start,
+            "out_dir": str(self.out_dir),
+        }
+        summary.update(self.traffic.as_dict())
+        summary["params_by_phase"] = dict(self.traffic.by_phase)
+        if not self.strategy.has_global_model(int(cfg.rounds)):
+            summary["global_accuracy"] = summary["global_accuracy_last"] = None
+        for protocol in self.protocols:
+            summary.update(protocol.summary(records, self.services))
+        summary.update(self.strategy.summary_extra(records))
+        return summary

@@ -1,0 +1,93 @@
+"""+FT (FedAvg+FT, FedProx+FT, SCAFFOLD+FT): after training, each client fine-tunes the final
+global model on its own data.
+
+Server: sends the final global model to every training client (``train.finetune``) and records
+the mean local test accuracy before and after fine-tuning (and its spread over clients).
+Client: measures its local test accuracy, fine-tunes the head (on body features computed once)
+or the full model (``finetune.part``) for ``finetune.epochs`` epochs, measures again and keeps
+the fine-tuned copy on the client: only metrics go back.
+"""
+
+from __future__ import annotations
+
+from logging import INFO
+
+from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.common.logger import log
+from omegaconf import DictConfig
+
+from protocols.base import PaperProtocol
+from strategies import ALGORITHMS
+from strategies.common import ARRAYS, CONFIG, NUM_EXAMPLES, ClientRuntime, failure_fields, fmt, reply
+from strategies.services import Services
+from task.errors import ConfigError
+from task.learning.engine import train, train_head_on_features
+from task.learning.metrics import client_spread
+
+SALT = 7919  # keeps fine-tuning shuffles distinct from any training round's
+
+
+def finetune(rt: ClientRuntime, content: RecordDict) -> RecordDict:
+    """Fine-tune the received model; report local test accuracy before and after."""
+    rt.load(content[ARRAYS])
+    ft = rt.cfg.finetune
+    before = rt.evaluate_local()
+    optimizer = rt.optimizer(lr=ft.lr)
+    generator = rt.generator(int(rt.cfg.rounds) + 1, SALT)
+    batch = int(rt.cfg.train.batch_size)
+    if ft.part == "head":
+        train_head_on_features(rt.model, rt.head, rt.train, optimizer, batch, generator, int(ft.epochs), rt.regression)
+    else:
+        train(rt.model, rt.train, optimizer, batch, generator, epochs=int(ft.epochs), regression=rt.regression)
+    after = rt.evaluate_local()
+    rt.state[rt.state_key("finetuned-model")] = rt.arrays()
+    metrics = {f"{k}_before": v for k, v in before.items() if k != NUM_EXAMPLES}
+    metrics.update({f"{k}_after": v for k, v in after.items() if k != NUM_EXAMPLES})
+    return reply(None, **metrics, **{NUM_EXAMPLES: before[NUM_EXAMPLES]})
+
+
+class FineTuning(PaperProtocol):
+    """+FT after training, for the algorithms that declare ``supports_finetune``."""
+
+    name = "finetune"
+    handlers = {"train.finetune": finetune}
+
+    def check(self, cfg: DictConfig) -> None:
+        supported = [n for n, a in ALGORITHMS.items() if a.supports_finetune]
+        if cfg.finetune.enabled and cfg.algorithm not in supported:
+            raise ConfigError(f"finetune.enabled: +FT is available for {', '.join(supported)}, not '{cfg.algorithm}'")
+
+    def active(self, services: Services) -> bool:
+        return bool(services.cfg.finetune.enabled)
+
+    def after_training(self, services: Services) -> dict:
+        cfg = services.cfg
+        config = ConfigRecord({"epochs": int(cfg.finetune.epochs), "variant": cfg.label})
+        content = RecordDict({ARRAYS: services.get_arrays(), CONFIG: config})
+        messages = [Message(content, dst_node_id=n, message_type="train.finetune")
+                    for n in services.nodes(services.trainable)]
+        replies, failed = services.send(messages, "finetune")
+        before, after = services.metric_of(replies, "accuracy_before"), services.metric_of(replies, "accuracy_after")
+        record = {
+            "round": int(cfg.rounds),
+            "phase": "finetune",
+            "accuracy_before": client_spread(before.values())["mean"] if before else None,
+            "accuracy_after": client_spread(after.values())["mean"] if after else None,
+            "accuracy_after_std": client_spread(after.values())["std"] if after else None,
+            "accuracy_after_worst10": client_spread(after.values())["worst10"] if after else None,
+            "client_accuracy_after": {str(k): v for k, v in sorted(after.items())},
+            **failure_fields(failed),
+        }
+        log(INFO, "[flrep] +FT: personalized acc before %s, after %s fine-tuning",
+            fmt(record["accuracy_before"]), fmt(record["accuracy_after"]))
+        return record
+
+    def summary(self, records: list[dict], services: Services) -> dict:
+        done = [r for r in records if r["phase"] == "finetune"]
+        if not done:
+            return {}
+        last = done[-1]
+        return {"finetune_accuracy_before": last["accuracy_before"], "finetune_accuracy_after": last["accuracy_after"],
+                "finetune_accuracy_after_std": last["accuracy_after_std"],
+                "finetune_accuracy_after_worst10": last["accuracy_after_worst10"]}
+
