@@ -212,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     syn.add_argument("--seed", type=int, default=0)
     syn.set_defaults(func=_cmd_lg_synthetic)
     sub.add_parser("bench", help="local-training throughput: engine vs DataLoader (flrep bench --help)")
-    sub.add_parser("bench-tct", help="TCT: eNTK extraction throughput and stage-2 round time (flrep bench-tct --help)")
+    sub.add_parser("bench-entk", help="eNTK extraction throughput and stage-2 round time (flrep bench-entk --help)")
     sub.add_parser("pareto", help="LocalUpdate convergence/accuracy Pareto frontiers, Figs. 1-5 (flrep pareto --help)")
     return parser
 
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         from task.learning.benchmark import main as bench_main
 
         return bench_main(argv[1:])
-    if argv[:1] == ["bench-tct"]:
+    if argv[:1] == ["bench-entk"]:
         from task.tct.benchmark import main as tct_bench_main
 
         return tct_bench_main(argv[1:])

@@ -166,7 +166,6 @@ def validate(cfg: DictConfig) -> None:
     _choice(cfg, "finetune.part", FINETUNE_PARTS)
     _choice(cfg, "simulation.device", DEVICES)
     _validate_server_opt(cfg, algorithm)
-    _positive(cfg, "scaffold.global_lr")
     _positive(cfg, "lg.goal_accuracy", allow_none=True)
     warm = cfg.lg.fedavg_rounds
     _require(warm is None or (isinstance(warm, int) and not isinstance(warm, bool) and warm >= 0), "lg.fedavg_rounds",
@@ -214,7 +213,7 @@ def validate(cfg: DictConfig) -> None:
     _positive(cfg, "train.lr")
     _positive(cfg, "train.lr_decay")
     _positive(cfg, "finetune.lr", allow_none=True)
-    for key in ("train.momentum", "train.weight_decay", "fedprox.mu", "finetune.epochs", "new_clients.epochs", "client_state.disk_above_bytes",
+    for key in ("train.momentum", "train.weight_decay", "finetune.epochs", "new_clients.epochs", "client_state.disk_above_bytes",
                 "eval.final_window", "data.num_new_clients", "simulation.client_gpus"):
         _nonnegative(cfg, key)
     _positive(cfg, "simulation.client_cpus")

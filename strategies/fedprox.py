@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 
 from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, all_keys, register
 from strategies.fedavg import local_sgd
+from task.errors import ConfigError
 
 
 class FedProxServer(ServerHooks, FedProx):
@@ -22,10 +23,18 @@ def make_strategy(cfg: DictConfig) -> Strategy:
     return FedProxServer(**TAKE_ALL_NODES, proximal_mu=float(cfg.fedprox.mu))
 
 
+def check(cfg: DictConfig) -> None:
+    """``fedprox.mu`` >= 0."""
+    mu = cfg.fedprox.mu
+    if not (isinstance(mu, (int, float)) and not isinstance(mu, bool) and mu >= 0):
+        raise ConfigError(f"fedprox.mu: got {mu!r}, expected a number >= 0")
+
+
 ALGORITHM = register(Algorithm(
     name="fedprox",
     make_strategy=make_strategy,
     handlers={"train": local_sgd},
     shared_keys=all_keys,
+    check=check,
     supports_finetune=True,
 ))

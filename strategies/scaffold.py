@@ -149,10 +149,18 @@ def scaffold_train(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     return out
 
 
-def check(cfg: DictConfig) -> None:
-    """``scaffold.*`` and what SCAFFOLD cannot train."""
+def check_section(cfg: DictConfig) -> None:
+    """``scaffold.*``: the weighting π_i and the server learning rate (also TCT's stage 2)."""
     if cfg.scaffold.weighting not in WEIGHTINGS:
         raise ConfigError(f"scaffold.weighting: unknown value {cfg.scaffold.weighting!r}; allowed: {', '.join(WEIGHTINGS)}")
+    lr = cfg.scaffold.global_lr
+    if not (isinstance(lr, (int, float)) and not isinstance(lr, bool) and lr > 0):
+        raise ConfigError(f"scaffold.global_lr: got {lr!r}, expected a positive number")
+
+
+def check(cfg: DictConfig) -> None:
+    """``scaffold.*`` and what SCAFFOLD cannot train."""
+    check_section(cfg)
     if cfg.model.name == "adult_fair":
         raise ConfigError("algorithm: the fair model trains with its own adversary step and no gradient correction: "
                           "use lg_fedavg or fedavg")

@@ -40,7 +40,7 @@ from omegaconf import DictConfig
 from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, all_keys, register
 from strategies.common import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, ClientRuntime, failure_fields, reply, round_config
 from strategies.fedavg import FedAvgServer, local_sgd
-from strategies.scaffold import CONTROL, Scaffold, control_update
+from strategies.scaffold import CONTROL, Scaffold, check_section, control_update
 from strategies.services import Services
 from strategies.state_store import keep_arrays, kept_arrays, node_file, state_root
 from task.tct.entk import METHODS, entk_network, extract_features, parameter_count, select_coordinates
@@ -375,7 +375,8 @@ def tct_train(rt: ClientRuntime, content: RecordDict) -> RecordDict:
 
 
 def check(cfg: DictConfig) -> None:
-    """``tct.*``, and what a TCT run cannot combine with."""
+    """``tct.*`` (and ``scaffold.*`` for the stage-2 solver), and what a TCT run cannot combine with."""
+    check_section(cfg)
     tct = cfg.tct
     for key, allowed in (("feature_dtype", FEATURE_DTYPES), ("entk_method", METHODS), ("solver", SOLVERS)):
         if tct[key] not in allowed:

@@ -8,7 +8,7 @@ on one client's problem of ``--stage2-n`` random float16 feature rows of the sam
 ``--stage2-steps`` local steps: the one-time Gram spectrum, a closed-form SCAFFOLD round
 (:class:`task.tct.linear.LocalLeastSquares`), and explicit full-batch GD steps (the official code's
 loop: two matrix products per step), timed for ``--loop-steps`` steps and scaled to M.
-Usage: ``flrep bench-tct [--model simple_cnn] [--device cpu] [--out FILE.json]``.
+Usage: ``flrep bench-entk [--model simple_cnn] [--device cpu] [--out FILE.json]``.
 """
 
 from __future__ import annotations
