@@ -9,7 +9,7 @@ from protocols.fairness import Fairness
 from protocols.finetune import FineTuning
 from protocols.linear_rep import LinearRepresentation
 from protocols.new_clients import NewClients
-from protocols.new_test import NewTest
+from protocols.ensemble import NewTest
 from protocols.online import OnlineDevice
 
 PROTOCOLS: list[PaperProtocol] = [Fairness(), OnlineDevice(), FineTuning(), NewTest(), LinearRepresentation(),
