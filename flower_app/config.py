@@ -15,11 +15,11 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
-from torch import nn
 from omegaconf.errors import OmegaConfBaseException
 
 from protocols import PROTOCOLS
 from strategies import ALGORITHMS
+from strategies.checks import choice, nonnegative, positive, require
 from strategies.common import configured_head
 from task.errors import ConfigError
 from task.learning.models import MODEL_NAMES
@@ -91,17 +91,17 @@ def load_variants(experiment: str, overrides: str | Iterable[str] = ()) -> tuple
     variants = [primary]
     for i, entry in enumerate(primary.compare):
         key = f"compare[{i}]"
-        _require(isinstance(entry, str), key, f"got {entry!r}, expected a string of key=value overrides")
+        require(isinstance(entry, str), key, f"got {entry!r}, expected a string of key=value overrides")
         items = parse_overrides(entry)
         reserved = [item for item in items if item.split("=", 1)[0].strip() in RESERVED_IN_COMPARE]
-        _require(not reserved, key, f"{reserved} cannot differ between variants of one run")
+        require(not reserved, key, f"{reserved} cannot differ between variants of one run")
         try:
             variants.append(load_config(experiment, [*base_items, *items, "compare=[]"]))
         except ConfigError as err:
             raise ConfigError(f"{key} ({entry!r}): {err}") from None
     labels = [v.label for v in variants]
     duplicates = sorted({label for label in labels if labels.count(label) > 1})
-    _require(not duplicates, "compare",
+    require(not duplicates, "compare",
              f"variants {labels} repeat the label(s) {duplicates}; add label=<name> to the entries "
              "(or compare=[] to run the first variant alone)")
     return tuple(variants)
@@ -126,136 +126,108 @@ def run_config_of(run_config: Mapping, label: str | None = None) -> DictConfig:
     raise ConfigError(f"label: this run has no variant {label!r}; variants: {[v.label for v in variants]}")
 
 
-def _require(ok: bool, key: str, message: str) -> None:
-    if not ok:
-        raise ConfigError(f"{key}: {message}")
-
-
-def _positive(cfg: DictConfig, key: str, integer: bool = False, allow_none: bool = False) -> None:
-    value = OmegaConf.select(cfg, key)
-    if value is None and allow_none:
-        return
-    kind = "a positive integer" if integer else "a positive number"
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
-    if integer:
-        ok = ok and float(value).is_integer()
-    _require(ok, key, f"got {value!r}, expected {kind}")
-
-
-def _nonnegative(cfg: DictConfig, key: str) -> None:
-    value = OmegaConf.select(cfg, key)
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
-    _require(ok, key, f"got {value!r}, expected a number >= 0")
-
-
-def _choice(cfg: DictConfig, key: str, allowed: Iterable[str]) -> None:
-    allowed = tuple(allowed)
-    value = OmegaConf.select(cfg, key)
-    _require(value in allowed, key, f"unknown value {value!r}; allowed: {', '.join(allowed)}")
-
-
 def validate(cfg: DictConfig) -> None:
     """Check every value that can be checked without loading data; raise ConfigError. The
     algorithm's and the protocols' own rules are theirs (``Algorithm.check``, ``PaperProtocol.check``)."""
-    _choice(cfg, "algorithm", ALGORITHMS)
+    choice(cfg, "algorithm", ALGORITHMS)
     algorithm = ALGORITHMS[cfg.algorithm]
     for protocol in PROTOCOLS:
         protocol.check(cfg)
-    _choice(cfg, "data.name", DATASET_NAMES)
-    _choice(cfg, "model.name", MODEL_NAMES)
-    _choice(cfg, "finetune.part", FINETUNE_PARTS)
-    _choice(cfg, "simulation.device", DEVICES)
+    choice(cfg, "data.name", DATASET_NAMES)
+    choice(cfg, "model.name", MODEL_NAMES)
+    choice(cfg, "finetune.part", FINETUNE_PARTS)
+    choice(cfg, "simulation.device", DEVICES)
     _validate_server_opt(cfg, algorithm)
-    _positive(cfg, "lg.goal_accuracy", allow_none=True)
+    positive(cfg, "lg.goal_accuracy", allow_none=True)
     warm = cfg.lg.fedavg_rounds
-    _require(warm is None or (isinstance(warm, int) and not isinstance(warm, bool) and warm >= 0), "lg.fedavg_rounds",
+    require(warm is None or (isinstance(warm, int) and not isinstance(warm, bool) and warm >= 0), "lg.fedavg_rounds",
              f"got {warm!r}, expected null or an integer >= 0")
     if algorithm.check is not None:
         algorithm.check(cfg)
-    _require(isinstance(cfg.fair.adversarial, bool), "fair.adversarial",
+    require(isinstance(cfg.fair.adversarial, bool), "fair.adversarial",
              f"got {cfg.fair.adversarial!r}, expected true or false")
     local = [n for n, a in ALGORITHMS.items() if a.local_representation]
-    _require(not cfg.fair.adversarial or algorithm.local_representation, "fair.adversarial",
+    require(not cfg.fair.adversarial or algorithm.local_representation, "fair.adversarial",
              f"the adversarial penalty trains local representations (algorithm={', '.join(local)}), not "
              f"'{cfg.algorithm}': a global model cannot be trained against a local adversary (LG-FedAvg Section 5.3)")
     lambdas = cfg.fair.lambdas
-    _require(OmegaConf.is_list(lambdas) and all(isinstance(v, (int, float)) and v >= 0 for v in lambdas),
+    require(OmegaConf.is_list(lambdas) and all(isinstance(v, (int, float)) and v >= 0 for v in lambdas),
              "fair.lambdas", f"got {lambdas!r}, expected a list of numbers >= 0, one per protected attribute")
     for key in ("fair.pretrain_epochs", "fair.postfit_epochs"):
-        _nonnegative(cfg, key)
+        nonnegative(cfg, key)
     online_on = bool(cfg.data.online_device.enabled)
-    _require(isinstance(cfg.online.rounds, int) and not isinstance(cfg.online.rounds, bool) and cfg.online.rounds >= 0,
+    require(isinstance(cfg.online.rounds, int) and not isinstance(cfg.online.rounds, bool) and cfg.online.rounds >= 0,
              "online.rounds", f"got {cfg.online.rounds!r}, expected an integer >= 0")
-    _require(cfg.online.rounds == 0 or online_on, "online.rounds",
+    require(cfg.online.rounds == 0 or online_on, "online.rounds",
              "the online phase needs its device: set data.online_device.enabled=true (and count it in data.num_clients)")
-    _require(not online_on or cfg.online.rounds > 0, "data.online_device.enabled",
+    require(not online_on or cfg.online.rounds > 0, "data.online_device.enabled",
              "the online device only trains in the online phase: set online.rounds > 0")
     fraction_c = cfg.online.fraction
-    _require(isinstance(fraction_c, (int, float)) and 0 <= fraction_c <= 1, "online.fraction",
+    require(isinstance(fraction_c, (int, float)) and 0 <= fraction_c <= 1, "online.fraction",
              f"got {fraction_c!r}, expected a fraction in [0, 1]")
-    _positive(cfg, "online.start_accuracy", allow_none=True)
-    _choice(cfg, "model.init", MODEL_INITS)
-    _choice(cfg, "train.augment", ("none", "crop_flip"))
-    _require(cfg.model.init == "default" or cfg.model.name == "linear_rep", "model.init",
+    positive(cfg, "online.start_accuracy", allow_none=True)
+    choice(cfg, "model.init", MODEL_INITS)
+    choice(cfg, "train.augment", ("none", "crop_flip"))
+    require(cfg.model.init == "default" or cfg.model.name == "linear_rep", "model.init",
              f"'scaled_orthonormal' is defined for model.name=linear_rep, got {cfg.model.name!r}")
-    _positive(cfg, "new_clients.lr", allow_none=True)
-    _positive(cfg, "new_clients.tasks", integer=True)
+    positive(cfg, "new_clients.lr", allow_none=True)
+    positive(cfg, "new_clients.tasks", integer=True)
     samples = cfg.new_clients.samples
-    _require(OmegaConf.is_list(samples) and all(isinstance(n, int) and n >= 1 for n in samples),
+    require(OmegaConf.is_list(samples) and all(isinstance(n, int) and n >= 1 for n in samples),
              "new_clients.samples", f"got {samples!r}, expected a list of sample counts >= 1")
-    _require(isinstance(cfg.label, str) and cfg.label.replace("-", "").replace("_", "").replace("+", "").isalnum(),
+    require(isinstance(cfg.label, str) and cfg.label.replace("-", "").replace("_", "").replace("+", "").isalnum(),
              "label", f"got {cfg.label!r}, expected a name of letters, digits, '-', '_' or '+'")
-    _require(isinstance(cfg.seed, int) and not isinstance(cfg.seed, bool), "seed", f"got {cfg.seed!r}, expected an integer")
+    require(isinstance(cfg.seed, int) and not isinstance(cfg.seed, bool), "seed", f"got {cfg.seed!r}, expected an integer")
     for key in ("rounds", "train.batch_size", "data.num_clients", "eval.every", "eval.batch_size"):
-        _positive(cfg, key, integer=True)
-    _positive(cfg, "train.local_epochs", integer=True)
-    _positive(cfg, "train.local_steps", integer=True, allow_none=True)
-    _positive(cfg, "train.lr")
-    _positive(cfg, "train.lr_decay")
-    _positive(cfg, "finetune.lr", allow_none=True)
+        positive(cfg, key, integer=True)
+    positive(cfg, "train.local_epochs", integer=True)
+    positive(cfg, "train.local_steps", integer=True, allow_none=True)
+    positive(cfg, "train.lr")
+    positive(cfg, "train.lr_decay")
+    positive(cfg, "finetune.lr", allow_none=True)
     for key in ("train.momentum", "train.weight_decay", "finetune.epochs", "new_clients.epochs", "client_state.disk_above_bytes",
                 "eval.final_window", "data.num_new_clients", "simulation.client_gpus"):
-        _nonnegative(cfg, key)
-    _positive(cfg, "simulation.client_cpus")
-    _require(OmegaConf.is_list(cfg.compare), "compare", f"got {cfg.compare!r}, expected a list of override strings")
+        nonnegative(cfg, key)
+    positive(cfg, "simulation.client_cpus")
+    require(OmegaConf.is_list(cfg.compare), "compare", f"got {cfg.compare!r}, expected a list of override strings")
     fraction = cfg.train.fraction
-    _require(
+    require(
         isinstance(fraction, (int, float)) and 0 < fraction <= 1,
         "train.fraction",
         f"got {fraction!r}, expected a fraction in (0, 1]",
     )
     trainable = cfg.data.num_clients - cfg.data.num_new_clients
-    _require(
+    require(
         trainable >= 1,
         "data.num_new_clients",
         f"{cfg.data.num_new_clients} held-out clients leave no training client out of data.num_clients={cfg.data.num_clients}",
     )
     head = cfg.model.head
-    _require(
+    require(
         head is None or (OmegaConf.is_list(head) and len(head) > 0),
         "model.head",
         f"got {head!r}, expected null or a non-empty list of layer names",
     )
-    _positive(cfg, "faults.min_replies", integer=True)
-    _require(cfg.faults.min_replies <= clients_per_round(cfg), "faults.min_replies",
+    positive(cfg, "faults.min_replies", integer=True)
+    require(cfg.faults.min_replies <= clients_per_round(cfg), "faults.min_replies",
              f"{cfg.faults.min_replies} replies can never arrive from the {clients_per_round(cfg)} clients sampled per round")
-    _positive(cfg, "faults.reply_timeout_s", allow_none=True)
-    _nonnegative(cfg, "faults.node_wait_s")
+    positive(cfg, "faults.reply_timeout_s", allow_none=True)
+    nonnegative(cfg, "faults.node_wait_s")
 
 
 def _validate_server_opt(cfg: DictConfig, algorithm) -> None:
     """``server_opt.name`` against the algorithm's server optimizers, and its numbers."""
     if algorithm.server_opts == ("none",):
         with_opts = [n for n, a in ALGORITHMS.items() if a.server_opts != ("none",)]
-        _require(cfg.server_opt.name == "none", "server_opt.name",
+        require(cfg.server_opt.name == "none", "server_opt.name",
                  f"server optimizers apply to algorithm={' and '.join(with_opts)}; '{cfg.algorithm}' has none (use none)")
     else:
-        _choice(cfg, "server_opt.name", algorithm.server_opts)
-    _positive(cfg, "server_opt.lr")
-    _positive(cfg, "server_opt.tau")
+        choice(cfg, "server_opt.name", algorithm.server_opts)
+    positive(cfg, "server_opt.lr")
+    positive(cfg, "server_opt.tau")
     for key in ("server_opt.momentum", "server_opt.beta_1", "server_opt.beta_2"):
         value = OmegaConf.select(cfg, key)
-        _require(isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1, key,
+        require(isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1, key,
                  f"got {value!r}, expected a number in [0, 1)")
 
 
@@ -277,18 +249,18 @@ def validate_with_data(cfg: DictConfig):
 
     fed = build_federated_data(cfg.data, int(cfg.seed))
     model = initial_model(cfg, fed.bundle)
-    head = head_groups(cfg, model)
-    _require(cfg.train.augment == "none" or len(fed.bundle.input_shape) == 3, "train.augment",
+    head_groups(cfg, model)  # model.head names groups of this model
+    require(cfg.train.augment == "none" or len(fed.bundle.input_shape) == 3, "train.augment",
              f"'{cfg.train.augment}' needs image inputs (C, H, W), data.name={cfg.data.name!r} has {tuple(fed.bundle.input_shape)}")
     algorithm = ALGORITHMS[cfg.algorithm]
     if algorithm.check_model is not None:
         algorithm.check_model(cfg, fed, model)
     if cfg.model.name == "adult_fair":
         attrs = fed.bundle.train.attributes or {}
-        _require(cfg.data.name == "adult" and cfg.data.adult_split == "fairness", "model.name",
+        require(cfg.data.name == "adult" and cfg.data.adult_split == "fairness", "model.name",
                  f"adult_fair needs binary protected attributes: data.name=adult with data.adult_split=fairness "
                  f"(got data.name={cfg.data.name!r}, adult_split={cfg.data.adult_split!r})")
-        _require(len(cfg.fair.lambdas) == len(attrs), "fair.lambdas",
+        require(len(cfg.fair.lambdas) == len(attrs), "fair.lambdas",
                  f"{len(cfg.fair.lambdas)} values for the {len(attrs)} protected attributes {list(attrs)}")
     return fed, model
 

@@ -13,8 +13,9 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from flower_app.reply_check import TemplateFn, reply_problem
+from flower_app.reply_check import reply_problem
 from strategies.common import CONFIG, METRICS
+from strategies.services import TemplateFn
 from task.errors import ConfigError
 
 NODE_WAIT_S = 10.0  # simulation registers all nodes before the ServerApp starts

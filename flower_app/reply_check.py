@@ -3,32 +3,24 @@
 A reply is rejected, with a reason that names the record and key, when it lacks a record or
 array the algorithm expects, when an array has the wrong shape or dtype, when an array or
 metric holds NaN or Inf, or when its example count is missing (training) or negative. The
-expected arrays of a training reply come from the strategy's optional hook
+expected arrays of a training reply come from the strategy's hook
 ``reply_template(message) -> {record name: ArrayRecord}`` (the arrays, by key, shape and
-dtype, that the reply to ``message`` must carry); without the hook a training reply must
-return arrays shaped exactly like the ``arrays`` record it was sent.
+dtype, that the reply to ``message`` must carry; by default the ``arrays`` it was sent,
+shape for shape: :class:`strategies.base.ServerHooks`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import numpy as np
 from flwr.app import ArrayRecord, Message, MetricRecord
 
-from strategies.common import ARRAYS, METRICS, NUM_EXAMPLES
-
-Template = Mapping[str, ArrayRecord]
-TemplateFn = Callable[[Message], Template]
+from strategies.common import METRICS, NUM_EXAMPLES
 
 
-def same_arrays_as_sent(message: Message) -> dict[str, ArrayRecord]:
-    """The default template: a reply returns the ``arrays`` it was sent (if any), shape for shape."""
-    return {ARRAYS: message.content[ARRAYS]} if ARRAYS in message.content else {}
-
-
-def reply_problem(reply: Message, template: Template | None, training: bool) -> str | None:
+def reply_problem(reply: Message, template: Mapping[str, ArrayRecord] | None, training: bool) -> str | None:
     """Why ``reply`` must not be used, or None when it is sound."""
     content = reply.content
     problem = _metrics_problem(content[METRICS] if METRICS in content.metric_records else None, training)

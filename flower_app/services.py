@@ -3,7 +3,7 @@ running experiment that algorithm hooks and paper protocols get."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from flwr.app import ArrayRecord, Message
@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 from flower_app.federation import Federation, NodeSubset, exchange, metric_of
 from strategies.base import ServerHooks
 from strategies.evaluator import ServerEvaluator
+from strategies.services import TemplateFn
 from task.data.federated_data import FederatedData
 from task.learning.models import SplitModel
 
@@ -74,8 +75,7 @@ class RunServices:
         return NodeSubset(self._run.grid, self._fed.nodes(pids))
 
     def send(self, messages: list[Message], phase: str,
-             template: Callable[[Message], Mapping[str, ArrayRecord]] | None = None
-             ) -> tuple[list[Message], dict[int, str]]:
+             template: TemplateFn | None = None) -> tuple[list[Message], dict[int, str]]:
         """Send ``messages``, screen the replies (``faults.reply_timeout_s``), tell the strategy
         which nodes failed; the sound replies and why the others failed (partition id -> reason)."""
         fed = self._fed

@@ -18,9 +18,9 @@ from omegaconf import DictConfig
 
 from protocols.base import PaperProtocol
 from strategies import ALGORITHMS
+from strategies.checks import require
 from strategies.common import ARRAYS, CONFIG, NUM_EXAMPLES, ClientRuntime, failure_fields, fmt, reply
 from strategies.services import Services
-from task.errors import ConfigError
 from task.learning.engine import train, train_head_on_features
 from task.learning.metrics import client_spread
 
@@ -54,8 +54,8 @@ class FineTuning(PaperProtocol):
 
     def check(self, cfg: DictConfig) -> None:
         supported = [n for n, a in ALGORITHMS.items() if a.supports_finetune]
-        if cfg.finetune.enabled and cfg.algorithm not in supported:
-            raise ConfigError(f"finetune.enabled: +FT is available for {', '.join(supported)}, not '{cfg.algorithm}'")
+        require(not cfg.finetune.enabled or cfg.algorithm in supported, "finetune.enabled",
+                f"+FT is available for {', '.join(supported)}, not '{cfg.algorithm}'")
 
     def active(self, services: Services) -> bool:
         return bool(services.cfg.finetune.enabled)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 from flwr.app import ArrayRecord
-from omegaconf import DictConfig
 
 from task.analysis.linear_rep import global_gradient_norm, principal_angle_distance
 from task.data.federated_data import FederatedData

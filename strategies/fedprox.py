@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 
 from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, all_keys, register
 from strategies.fedavg import local_sgd
-from task.errors import ConfigError
+from strategies.checks import nonnegative
 
 
 class FedProxServer(ServerHooks, FedProx):
@@ -25,9 +25,7 @@ def make_strategy(cfg: DictConfig) -> Strategy:
 
 def check(cfg: DictConfig) -> None:
     """``fedprox.mu`` >= 0."""
-    mu = cfg.fedprox.mu
-    if not (isinstance(mu, (int, float)) and not isinstance(mu, bool) and mu >= 0):
-        raise ConfigError(f"fedprox.mu: got {mu!r}, expected a number >= 0")
+    nonnegative(cfg, "fedprox.mu")
 
 
 ALGORITHM = register(Algorithm(

@@ -22,10 +22,10 @@ from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg, Strategy
 from omegaconf import DictConfig
 
+from strategies.checks import boolean, choice, nonnegative, positive, require
 from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, register
 from strategies.common import ARRAYS, NUM_EXAMPLES, ClientRuntime, body_keys, configured_head, reply, round_config
 from strategies.state_store import keep_arrays, kept_arrays
-from task.errors import ConfigError
 from task.learning.engine import TrainResult, fit_head_least_squares, train_head_on_features
 
 HEAD_STATE = "head"
@@ -147,31 +147,23 @@ HEAD_SOLVERS = ("sgd", "exact")
 
 def check(cfg: DictConfig) -> None:
     """``fedrep.*``: how heads are fitted, and the linear body's orthonormalisation."""
-    fr = cfg.fedrep
-    if fr.head_solver not in HEAD_SOLVERS:
-        raise ConfigError(f"fedrep.head_solver: unknown value {fr.head_solver!r}; allowed: {', '.join(HEAD_SOLVERS)}")
-    if not isinstance(fr.orthonormalize, bool):
-        raise ConfigError(f"fedrep.orthonormalize: got {fr.orthonormalize!r}, expected true or false")
-    if fr.orthonormalize and cfg.model.name != "linear_rep":
-        raise ConfigError(f"fedrep.orthonormalize: orthonormalising the body needs model.name=linear_rep, "
-                          f"got {cfg.model.name!r}")
-    if fr.head_steps is not None and not (isinstance(fr.head_steps, int) and not isinstance(fr.head_steps, bool)
-                                          and fr.head_steps > 0):
-        raise ConfigError(f"fedrep.head_steps: got {fr.head_steps!r}, expected a positive integer")
-    if not (isinstance(fr.head_epochs, (int, float)) and not isinstance(fr.head_epochs, bool) and fr.head_epochs >= 0):
-        raise ConfigError(f"fedrep.head_epochs: got {fr.head_epochs!r}, expected a number >= 0")
+    choice(cfg, "fedrep.head_solver", HEAD_SOLVERS)
+    boolean(cfg, "fedrep.orthonormalize")
+    require(not cfg.fedrep.orthonormalize or cfg.model.name == "linear_rep", "fedrep.orthonormalize",
+            f"orthonormalising the body needs model.name=linear_rep, got {cfg.model.name!r}")
+    positive(cfg, "fedrep.head_steps", integer=True, allow_none=True)
+    nonnegative(cfg, "fedrep.head_epochs")
 
 
 def check_model(cfg: DictConfig, data, model: torch.nn.Module) -> None:
     """The exact head solver: least squares of one linear head on a regression task."""
     if cfg.fedrep.head_solver != "exact":
         return
-    if data.bundle.task != "regression":
-        raise ConfigError(f"fedrep.head_solver: 'exact' (least squares) needs a regression dataset, "
-                          f"data.name={cfg.data.name!r} is a classification task")
+    require(data.bundle.task == "regression", "fedrep.head_solver", f"'exact' (least squares) needs a regression "
+            f"dataset, data.name={cfg.data.name!r} is a classification task")
     head = configured_head(model, cfg)
-    if len(head) != 1 or not isinstance(model.get_submodule(head[0]), torch.nn.Linear):
-        raise ConfigError(f"fedrep.head_solver: 'exact' needs a head of one linear layer, model.head={head}")
+    require(len(head) == 1 and isinstance(model.get_submodule(head[0]), torch.nn.Linear), "fedrep.head_solver",
+            f"'exact' needs a head of one linear layer, model.head={head}")
 
 
 ALGORITHM = register(Algorithm(

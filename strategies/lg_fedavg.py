@@ -30,11 +30,11 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Strategy
 from omegaconf import DictConfig, OmegaConf
 
+from strategies.checks import require
 from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, all_keys, register
 from strategies.common import ARRAYS, CONFIG, NUM_EXAMPLES, ClientRuntime, reply, round_config
 from strategies.services import Services
 from strategies.state_store import keep_arrays, kept_arrays
-from task.errors import ConfigError
 from task.learning.fairness import train_fair
 from task.learning.models import FairMLP, SplitModel
 
@@ -219,17 +219,16 @@ def send_local_part(rt: ClientRuntime, content: RecordDict) -> RecordDict:
 def check(cfg: DictConfig) -> None:
     """``lg.*``: the global part, and exactly one way to end the FedAvg warm start."""
     gp = cfg.lg.global_part
-    if not (gp in ("paper", "official_cifar") or (OmegaConf.is_list(gp) and len(gp) > 0)):
-        raise ConfigError(f"lg.global_part: got {gp!r}, expected paper, official_cifar or a non-empty list of layer groups")
-    if (cfg.lg.fedavg_rounds is None) == (cfg.lg.goal_accuracy is None):
-        raise ConfigError("lg.fedavg_rounds: set exactly one of lg.fedavg_rounds and lg.goal_accuracy: LG-FedAvg starts "
-                          "from a FedAvg model trained for a number of rounds or up to a goal accuracy")
+    require(gp in ("paper", "official_cifar") or (OmegaConf.is_list(gp) and len(gp) > 0), "lg.global_part",
+            f"got {gp!r}, expected paper, official_cifar or a non-empty list of layer groups")
+    require((cfg.lg.fedavg_rounds is None) != (cfg.lg.goal_accuracy is None), "lg.fedavg_rounds",
+            "set exactly one of lg.fedavg_rounds and lg.goal_accuracy: LG-FedAvg starts from a FedAvg model trained "
+            "for a number of rounds or up to a goal accuracy")
 
 
 def check_model(cfg: DictConfig, data, model: SplitModel) -> None:
     """The global part names groups of the model and leaves at least one local."""
-    if not local_keys(model, cfg):
-        raise ConfigError("lg.global_part: leaves no local layers; keep at least one group local")
+    require(bool(local_keys(model, cfg)), "lg.global_part", "leaves no local layers; keep at least one group local")
     global_keys(model, cfg)
 
 

@@ -30,6 +30,7 @@ from flwr.serverapp.strategy import FedAvg, FedAvgM, Strategy
 from omegaconf import DictConfig, OmegaConf
 from torch.func import functional_call
 
+from strategies.checks import choice, nonnegative, positive, require
 from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, all_keys, register
 from strategies.common import ARRAYS, METRICS, NUM_EXAMPLES, ClientRuntime, reply, round_config
 from task.learning.engine import loss_function, step_batches
@@ -300,26 +301,19 @@ def make_strategy(cfg: DictConfig) -> Strategy:
 
 def check(cfg: DictConfig) -> None:
     """The ``local_update.*`` keys and the conditions of each preset (the paper's Table 1)."""
-    lu = cfg.local_update
-    for key, value, allowed in (("preset", lu.preset, PRESETS), ("weighting", lu.weighting, WEIGHTINGS)):
-        if value not in allowed:
-            raise ConfigError(f"local_update.{key}: unknown value {value!r}; allowed: {', '.join(allowed)}")
-    if not (isinstance(lu.steps, int) and not isinstance(lu.steps, bool) and lu.steps > 0):
-        raise ConfigError(f"local_update.steps: got {lu.steps!r}, expected a positive integer")
-    for key in ("client_lr", "alpha"):
-        value = lu[key]
-        if not (isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0):
-            raise ConfigError(f"local_update.{key}: got {value!r}, expected a number >= 0")
-    if lu.theta is not None:
-        ok = OmegaConf.is_list(lu.theta) and all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                                 for v in lu.theta)
+    choice(cfg, "local_update.preset", PRESETS)
+    choice(cfg, "local_update.weighting", WEIGHTINGS)
+    positive(cfg, "local_update.steps", integer=True)
+    nonnegative(cfg, "local_update.client_lr")
+    nonnegative(cfg, "local_update.alpha")
+    theta = cfg.local_update.theta
+    if theta is not None:
+        ok = OmegaConf.is_list(theta) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in theta)
         try:
-            ok = ok and Theta.of(list(lu.theta)) is not None
+            ok = ok and Theta.of(list(theta)) is not None
         except ValueError:
             ok = False
-        if not ok:
-            raise ConfigError(f"local_update.theta: got {lu.theta!r}, expected null or a list of weights >= 0, "
-                              "at least one > 0")
+        require(ok, "local_update.theta", f"got {theta!r}, expected null or a list of weights >= 0, at least one > 0")
     problem = preset_problem(cfg)
     if problem is not None:
         raise ConfigError(problem)

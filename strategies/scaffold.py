@@ -23,10 +23,10 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Strategy
 from omegaconf import DictConfig
 
+from strategies.checks import choice, positive, require
 from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, all_keys, register
 from strategies.common import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, ClientRuntime, reply, round_config
 from strategies.state_store import keep_arrays, kept_arrays
-from task.errors import ConfigError
 
 CONTROL = "control"  # the message entry with c (server -> client) or Δc_i (client -> server)
 CLIENT_CONTROL = "scaffold-ci"  # the client's c_i in its kept state
@@ -151,19 +151,15 @@ def scaffold_train(rt: ClientRuntime, content: RecordDict) -> RecordDict:
 
 def check_section(cfg: DictConfig) -> None:
     """``scaffold.*``: the weighting π_i and the server learning rate (also TCT's stage 2)."""
-    if cfg.scaffold.weighting not in WEIGHTINGS:
-        raise ConfigError(f"scaffold.weighting: unknown value {cfg.scaffold.weighting!r}; allowed: {', '.join(WEIGHTINGS)}")
-    lr = cfg.scaffold.global_lr
-    if not (isinstance(lr, (int, float)) and not isinstance(lr, bool) and lr > 0):
-        raise ConfigError(f"scaffold.global_lr: got {lr!r}, expected a positive number")
+    choice(cfg, "scaffold.weighting", WEIGHTINGS)
+    positive(cfg, "scaffold.global_lr")
 
 
 def check(cfg: DictConfig) -> None:
     """``scaffold.*`` and what SCAFFOLD cannot train."""
     check_section(cfg)
-    if cfg.model.name == "adult_fair":
-        raise ConfigError("algorithm: the fair model trains with its own adversary step and no gradient correction: "
-                          "use lg_fedavg or fedavg")
+    require(cfg.model.name != "adult_fair", "algorithm", "the fair model trains with its own adversary step and no "
+            "gradient correction: use lg_fedavg or fedavg")
 
 
 ALGORITHM = register(Algorithm(

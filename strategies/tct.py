@@ -37,6 +37,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Strategy
 from omegaconf import DictConfig
 
+from strategies.checks import boolean, choice, positive, require
 from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, all_keys, register
 from strategies.common import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, ClientRuntime, failure_fields, reply, round_config
 from strategies.fedavg import FedAvgServer, local_sgd
@@ -377,38 +378,30 @@ def tct_train(rt: ClientRuntime, content: RecordDict) -> RecordDict:
 def check(cfg: DictConfig) -> None:
     """``tct.*`` (and ``scaffold.*`` for the stage-2 solver), and what a TCT run cannot combine with."""
     check_section(cfg)
-    tct = cfg.tct
-    for key, allowed in (("feature_dtype", FEATURE_DTYPES), ("entk_method", METHODS), ("solver", SOLVERS)):
-        if tct[key] not in allowed:
-            raise ConfigError(f"tct.{key}: unknown value {tct[key]!r}; allowed: {', '.join(allowed)}")
-    for key in ("features", "entk_batch_size", "local_steps"):
-        if not (isinstance(tct[key], int) and not isinstance(tct[key], bool) and tct[key] > 0):
-            raise ConfigError(f"tct.{key}: got {tct[key]!r}, expected a positive integer")
-    if not (isinstance(tct.lr, (int, float)) and not isinstance(tct.lr, bool) and tct.lr > 0):
-        raise ConfigError(f"tct.lr: got {tct.lr!r}, expected a positive number")
-    for key in ("normalize", "centered_targets"):
-        if not isinstance(tct[key], bool):
-            raise ConfigError(f"tct.{key}: got {tct[key]!r}, expected true or false")
-    t1 = tct.stage1_rounds
-    if not (isinstance(t1, int) and not isinstance(t1, bool) and t1 >= 0):
-        raise ConfigError(f"tct.stage1_rounds: got {t1!r}, expected an integer >= 0")
-    if not (isinstance(cfg.rounds, int) and t1 < cfg.rounds):
-        raise ConfigError(f"tct.stage1_rounds: {t1} FedAvg rounds leave no stage-2 round of rounds={cfg.rounds}; "
-                          "`rounds` counts both stages")
-    if cfg.data.num_new_clients != 0:
-        raise ConfigError("data.num_new_clients: TCT has no new-client protocol; set it to 0")
-    if cfg.data.online_device.enabled:
-        raise ConfigError("data.online_device.enabled: TCT has no online phase")
+    choice(cfg, "tct.feature_dtype", FEATURE_DTYPES)
+    choice(cfg, "tct.entk_method", METHODS)
+    choice(cfg, "tct.solver", SOLVERS)
+    for key in ("tct.features", "tct.entk_batch_size", "tct.local_steps"):
+        positive(cfg, key, integer=True)
+    positive(cfg, "tct.lr")
+    boolean(cfg, "tct.normalize")
+    boolean(cfg, "tct.centered_targets")
+    t1 = cfg.tct.stage1_rounds
+    require(isinstance(t1, int) and not isinstance(t1, bool) and t1 >= 0, "tct.stage1_rounds",
+            f"got {t1!r}, expected an integer >= 0")
+    require(isinstance(cfg.rounds, int) and t1 < cfg.rounds, "tct.stage1_rounds",
+            f"{t1} FedAvg rounds leave no stage-2 round of rounds={cfg.rounds}; `rounds` counts both stages")
+    require(cfg.data.num_new_clients == 0, "data.num_new_clients", "TCT has no new-client protocol; set it to 0")
+    require(not cfg.data.online_device.enabled, "data.online_device.enabled", "TCT has no online phase")
 
 
 def check_model(cfg: DictConfig, data, model: torch.nn.Module) -> None:
     """A classification task, and no more eNTK coordinates than the eNTK network has parameters."""
-    if data.bundle.task == "regression":
-        raise ConfigError("algorithm: TCT regresses one-hot class targets: it needs a classification dataset")
+    require(data.bundle.task != "regression", "algorithm",
+            "TCT regresses one-hot class targets: it needs a classification dataset")
     size = parameter_count(entk_network(model, int(cfg.seed)))
-    if int(cfg.tct.features) > size:
-        raise ConfigError(f"tct.features: {cfg.tct.features} coordinates of a {size:,}-parameter eNTK network "
-                          f"({cfg.model.name} with one output logit)")
+    require(int(cfg.tct.features) <= size, "tct.features",
+            f"{cfg.tct.features} coordinates of a {size:,}-parameter eNTK network ({cfg.model.name} with one output logit)")
 
 
 ALGORITHM = register(Algorithm(

@@ -6,9 +6,8 @@ import math
 import re
 from pathlib import Path
 
-import numpy as np
 import pytest
-from flwr.app import ArrayRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, MetricRecord
 from flwr.serverapp.strategy import FedAvg
 
 from flower_app.config import load_config
