@@ -28,7 +28,7 @@ from flower_app.tracking import Tracker
 from protocols import PROTOCOLS
 from strategies import ALGORITHMS
 from strategies.base import Algorithm, ServerHooks
-from strategies.common import failure_fields, fmt, round_lr
+from strategies.common import failure_fields, fmt
 from strategies.evaluator import ServerEvaluator
 from task.data.sampling import sample_clients
 from task.learning.metrics import client_spread, final_window_mean
@@ -118,7 +118,7 @@ class Experiment:
     def train_round(self, t: int, fed: Federation, pids: list[int] | None = None) -> dict:
         if pids is None:
             pids = sample_clients(self.trainable, self.num_sampled, int(self.cfg.seed), t)
-        config = ConfigRecord({"lr": round_lr(self.cfg, t), "variant": self.cfg.label})
+        config = ConfigRecord({"variant": self.cfg.label})
         messages = list(self.strategy.configure_train(t, self.arrays, config, NodeSubset(self.grid, fed.nodes(pids))))
         replies, failed = self.services.send(messages, "train", self.strategy.reply_template)
         record = {"round": t, "phase": "train", "clients": pids, **failure_fields(failed)}

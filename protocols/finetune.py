@@ -32,7 +32,7 @@ def finetune(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     rt.load(content[ARRAYS])
     ft = rt.cfg.finetune
     before = rt.evaluate_local()
-    optimizer = rt.optimizer(lr=ft.lr)
+    optimizer = rt.optimizer(int(rt.cfg.rounds), lr=ft.lr)  # null: the final round's rate
     generator = rt.generator(int(rt.cfg.rounds) + 1, SALT)
     batch = int(rt.cfg.train.batch_size)
     if ft.part == "head":

@@ -35,7 +35,7 @@ def adapt_head(rt: ClientRuntime, content: RecordDict) -> RecordDict:
         for key in rt.head_keys():
             own[key].copy_(rt.initial_state[key])
     nc = rt.cfg.new_clients
-    optimizer = rt.optimizer(lr=nc.lr)
+    optimizer = rt.optimizer(int(rt.cfg.rounds), lr=nc.lr)  # null: the final round's rate
     generator = rt.generator(int(rt.cfg.rounds) + 1, SALT)
     metrics = {"accuracy_epoch_0": rt.evaluate_local().get("accuracy", float("nan"))}
     for epoch in range(1, int(nc.epochs) + 1):

@@ -40,11 +40,12 @@ class ClientRuntime:
     node_id: int = 0
     state_dir: str | None = None  # the node config's state-dir: all state on disk, surviving restarts
 
-    def optimizer(self, lr: float | None = None) -> OptimizerConfig:
-        """The client optimizer of this run (``lr`` overrides the configured rate)."""
+    def optimizer(self, server_round: int, lr: float | None = None) -> OptimizerConfig:
+        """The client optimizer of ``server_round``: its learning rate is ``round_lr`` (the one
+        source of the decayed rate) unless a protocol's own ``lr`` setting is given."""
         t = self.cfg.train
         return OptimizerConfig(
-            lr=float(lr if lr is not None else t.lr),
+            lr=float(lr if lr is not None else round_lr(self.cfg, server_round)),
             momentum=float(t.momentum),
             weight_decay=float(t.weight_decay),
             nesterov=bool(t.nesterov),
@@ -65,18 +66,19 @@ class ClientRuntime:
         updating only ``params`` when given (default: the whole model), with
         ``grad_correction`` added to every gradient (SCAFFOLD)."""
         t = self.cfg.train
+        server_round = int(config["server-round"])
         if isinstance(self.model, FairMLP):
             if params is not None or prox_mu or t.local_steps is not None or grad_correction is not None:
                 raise ValueError("fair training (model adult_fair) runs whole local epochs of the whole model")
-            return train_fair(self.model, self.train, self.optimizer(lr=config.get("lr")), int(t.batch_size),
-                              self.generator(int(config.get("server-round", 0))), int(t.local_epochs),
+            return train_fair(self.model, self.train, self.optimizer(server_round), int(t.batch_size),
+                              self.generator(server_round), int(t.local_epochs),
                               list(self.cfg.fair.lambdas), bool(self.cfg.fair.adversarial))
         return train(
             self.model,
             self.train,
-            self.optimizer(lr=config.get("lr")),
+            self.optimizer(server_round),
             batch_size=int(t.batch_size),
-            generator=self.generator(int(config.get("server-round", 0))),
+            generator=self.generator(server_round),
             epochs=int(t.local_epochs),
             steps=t.local_steps,
             params=params,
@@ -127,9 +129,11 @@ class ClientRuntime:
         if isinstance(self.model, FairMLP):
             out.update(fairness_metrics(self.model, self.test, ATTRIBUTES))
             if config is not None and config.get("postfit", False):
+                server_round = int(config["server-round"])
                 out.update(postfit_adversary_auc(
-                    self.model, self.train, self.test, ATTRIBUTES, self.optimizer(), int(self.cfg.train.batch_size),
-                    int(self.cfg.fair.postfit_epochs), self.generator(int(config.get("server-round", 0)), salt=0xFA1)))
+                    self.model, self.train, self.test, ATTRIBUTES, self.optimizer(server_round),
+                    int(self.cfg.train.batch_size), int(self.cfg.fair.postfit_epochs),
+                    self.generator(server_round, salt=0xFA1)))
         return out
 
 

@@ -87,8 +87,8 @@ def keep_head(rt: ClientRuntime) -> None:
     keep_arrays(rt, HEAD_STATE, {k: state[k] for k in rt.head_keys()})
 
 
-def fit_head(rt: ClientRuntime, server_round: int, salt: int = 0, lr: float | None = None) -> TrainResult:
-    """Train the head on frozen-body features as ``fedrep.*`` configures it (``lr``: this round's)."""
+def fit_head(rt: ClientRuntime, server_round: int, salt: int = 0) -> TrainResult:
+    """Train the head on frozen-body features as ``fedrep.*`` configures it, at the round's rate."""
     fr = rt.cfg.fedrep
     head = rt.head
     if fr.head_solver == "exact":
@@ -98,7 +98,7 @@ def fit_head(rt: ClientRuntime, server_round: int, salt: int = 0, lr: float | No
         rt.model,
         head,
         rt.train,
-        rt.optimizer(lr=lr),
+        rt.optimizer(server_round),
         int(rt.cfg.train.batch_size),
         rt.generator(server_round, salt + 1),
         epochs=int(fr.head_epochs),
@@ -117,7 +117,7 @@ def evaluate_with_own_head(rt: ClientRuntime, content: RecordDict) -> RecordDict
     """Global body + the client's head; a never-sampled client first fits a head on its data."""
     rt.load(content[ARRAYS])
     if not load_own_head(rt):
-        fit_head(rt, int(round_config(content).get("server-round", 0)), COLD_START_SALT)
+        fit_head(rt, int(round_config(content)["server-round"]), COLD_START_SALT)
     return reply(None, **rt.evaluate_local())
 
 
@@ -127,8 +127,7 @@ def train_fedrep(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     rt.load(content[ARRAYS])
     load_own_head(rt)
     config = round_config(content)
-    server_round = int(config.get("server-round", 0))
-    head_result = fit_head(rt, server_round, lr=config.get("lr"))
+    head_result = fit_head(rt, int(config["server-round"]))
     body_result = rt.local_training(config, params=body_parameters(rt))
     keep_head(rt)
     metrics = {

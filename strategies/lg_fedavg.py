@@ -185,8 +185,9 @@ def _pretrain_fair(rt: ClientRuntime, config: ConfigRecord) -> None:
     epochs = int(rt.cfg.fair.pretrain_epochs)
     if epochs == 0:
         return
-    gen = rt.generator(int(config.get("server-round", 0)), salt=0x9E7)
-    args = (rt.model, rt.train, rt.optimizer(), int(rt.cfg.train.batch_size), gen, epochs, list(rt.cfg.fair.lambdas))
+    server_round = int(config["server-round"])
+    gen = rt.generator(server_round, salt=0x9E7)
+    args = (rt.model, rt.train, rt.optimizer(server_round), int(rt.cfg.train.batch_size), gen, epochs, list(rt.cfg.fair.lambdas))
     train_fair(*args, penalize=False)
     train_fair(*args, penalize=False, model_step=False)
 

@@ -140,7 +140,8 @@ def scaffold_train(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     result = rt.local_training(config, grad_correction=correction)
     after = rt.model.state_dict()
     end = {k: p.detach() for k, p in params.items()}
-    new_c_i = control_update(c_i, c, start, end, result.steps, float(config.get("lr", rt.cfg.train.lr)))
+    new_c_i = control_update(c_i, c, start, end, result.steps,
+                           rt.optimizer(int(config["server-round"])).lr)
     keep_arrays(rt, CLIENT_CONTROL, new_c_i)
     delta = ArrayRecord({k: (after[k] - before[k]).cpu() for k in after})
     change = ArrayRecord({k: (new_c_i[k] - c_i.get(k, torch.zeros_like(v))).cpu() for k, v in new_c_i.items()})
