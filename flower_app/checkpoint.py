@@ -31,7 +31,7 @@ from task.errors import ConfigError
 
 SERVER_FILE = "server.pt"
 #: The layout of ``server.pt``; a checkpoint of another format is refused, never guessed at.
-FORMAT = 2
+FORMAT = 3
 #: Keys that may differ between a run and its resumption (where and how it runs, not what).
 MAY_DIFFER = ("resume", "out_dir", "wandb", "faults", "simulation", "client_state")
 

@@ -188,7 +188,10 @@ class Experiment:
 
     def adopt_restarted(self, t: int, fed: Federation) -> None:
         """Before round ``t``: hand restarted SuperNodes (new node ids) their clients, restored to round ``t - 1``."""
-        if rejoin(self.grid, fed, self.traffic, self.handshake(restore_round=t - 1), self.services.reply_timeout):
+        before = dict(fed.node_of)
+        moved = rejoin(self.grid, fed, self.traffic, self.handshake(restore_round=t - 1), self.services.reply_timeout)
+        if moved:
+            self.strategy.renumber_nodes({before[p]: fed.node_of[p] for p in moved})
             self.observe_population(fed)
 
     def observe_population(self, fed: Federation) -> None:

@@ -58,12 +58,12 @@ class ServerHooks:
 
     Checkpointed state is declared, not pickled: ``checkpointed`` names the attributes that
     hold it (numbers, strings, arrays, tensors, ArrayRecords, lists and dicts of them) and
-    ``node_sets`` the attributes that are sets of node ids (stored as partition ids, because a
-    resumed run's nodes have new ids).
+    ``node_keyed`` the attributes keyed by node id: sets of node ids, or dicts from node id to
+    plain data (stored by partition id, because a resumed run's nodes have new ids).
     """
 
     checkpointed: ClassVar[tuple[str, ...]] = ()
-    node_sets: ClassVar[tuple[str, ...]] = ()
+    node_keyed: ClassVar[tuple[str, ...]] = ()
 
     def on_start(self, services: Services) -> None:
         """Once, after the handshake and before the first round (also of a resumed run)."""
@@ -112,15 +112,32 @@ class ServerHooks:
     def state_dict(self, pid_of: Mapping[int, int]) -> dict[str, Any]:
         """The server state a checkpoint keeps, as plain data (node ids as partition ids through ``pid_of``)."""
         state = {name: to_plain(getattr(self, name)) for name in self.checkpointed}
-        state.update({name: sorted(pid_of[n] for n in getattr(self, name) if n in pid_of) for name in self.node_sets})
+        for name in self.node_keyed:
+            value = getattr(self, name)
+            if isinstance(value, dict):
+                state[name] = sorted([pid_of[n], to_plain(v)] for n, v in value.items() if n in pid_of)
+            else:
+                state[name] = sorted(pid_of[n] for n in value if n in pid_of)
         return state
+
+    def renumber_nodes(self, new_of_old: Mapping[int, int]) -> None:
+        """Move the ``node_keyed`` state of restarted SuperNodes (old node id -> new node id)."""
+        for name in self.node_keyed:
+            value = getattr(self, name)
+            if isinstance(value, dict):
+                setattr(self, name, {new_of_old.get(n, n): v for n, v in value.items()})
+            else:
+                setattr(self, name, {new_of_old.get(n, n) for n in value})
 
     def load_state_dict(self, state: Mapping[str, Any], node_of: Mapping[int, int]) -> None:
         """Restore :meth:`state_dict` (partition ids back to node ids through ``node_of``)."""
         for name in self.checkpointed:
             setattr(self, name, from_plain(state[name]))
-        for name in self.node_sets:
-            setattr(self, name, {node_of[p] for p in state[name] if p in node_of})
+        for name in self.node_keyed:
+            if isinstance(getattr(self, name), dict):
+                setattr(self, name, {node_of[p]: from_plain(v) for p, v in state[name] if p in node_of})
+            else:
+                setattr(self, name, {node_of[p] for p in state[name] if p in node_of})
 
 
 _ARRAYS_TAG = "__arrayrecord__"

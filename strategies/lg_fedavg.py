@@ -72,7 +72,7 @@ class LGFedAvg(ServerHooks, FedAvg):
     """FedAvg warm start, then FedAvg of the global part with local parts kept on the clients."""
 
     checkpointed = ("switch_round",)
-    node_sets = ("initialised",)
+    node_keyed = ("initialised",)
 
     def __init__(self, cfg: DictConfig, fedavg_rounds: int | None, goal_accuracy: float | None) -> None:
         super().__init__(**TAKE_ALL_NODES)

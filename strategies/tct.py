@@ -41,7 +41,7 @@ from strategies.checks import boolean, choice, positive, require
 from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, all_keys, register
 from strategies.common import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, ClientRuntime, failure_fields, reply, round_config
 from strategies.fedavg import FedAvgServer, local_sgd
-from strategies.scaffold import CONTROL, Scaffold, check_section, control_update
+from strategies.scaffold import CONTROL, Scaffold, check_section, control_update, hold_control, settled_control
 from strategies.services import Services
 from strategies.state_store import keep_arrays, kept_arrays, node_file, state_root
 from task.tct.entk import METHODS, entk_network, extract_features, parameter_count, select_coordinates
@@ -106,7 +106,7 @@ class TCT(ServerHooks, FedAvg):
     """FedAvg for T1 rounds, the convexify phase, then the stage-2 solver on W."""
 
     checkpointed = ("standardization", "test_path", "warned")  # the path of the test features, not the open matrix
-    node_sets = ("informed",)
+    node_keyed = ("informed",)
 
     def __init__(self, cfg: DictConfig) -> None:
         super().__init__(**TAKE_ALL_NODES)
@@ -358,11 +358,12 @@ def linear_round(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     if tct.solver != "scaffold":
         return reply(ArrayRecord({WEIGHTS: problem.gradient_descent(w0, steps, lr).cpu()}), **metrics)
     c = content[CONTROL].to_torch_state_dict() if CONTROL in content else {}
-    c_i = kept_arrays(rt, CLIENT_CONTROL) or {}
+    config = round_config(content)
+    c_i = settled_control(rt, CLIENT_CONTROL, config)
     zero = torch.zeros_like(w0)
     w = problem.gradient_descent(w0, steps, lr, c.get(WEIGHTS, zero) - c_i.get(WEIGHTS, zero)).cpu()
     new_c_i = control_update(c_i, c, {WEIGHTS: w0}, {WEIGHTS: w}, steps, lr)
-    keep_arrays(rt, CLIENT_CONTROL, new_c_i)
+    hold_control(rt, CLIENT_CONTROL, c_i, new_c_i, int(config["server-round"]))
     out = reply(ArrayRecord({WEIGHTS: w - w0}), **metrics)
     out[CONTROL] = ArrayRecord({WEIGHTS: new_c_i[WEIGHTS] - c_i.get(WEIGHTS, zero)})
     return out

@@ -199,3 +199,39 @@ def _client_control(grid: LocalGrid, node: int) -> dict[str, torch.Tensor]:
     state = grid.contexts[node].state
     (key,) = [k for k in state.keys() if k.endswith("scaffold-ci")]
     return state[key].to_torch_state_dict()
+
+
+def _latest_client_controls(grid: LocalGrid, suffix: str) -> list[dict[str, torch.Tensor]]:
+    """Every client's latest c_i (zero for a client that never trained)."""
+    out = []
+    for node in grid.node_ids:
+        state = grid.contexts[node].state
+        keys = [k for k in state.keys() if k.endswith(suffix)]
+        out.append(state[keys[0]].to_torch_state_dict() if keys else {})
+    return out
+
+
+@pytest.mark.parametrize("name,rounds,suffix,control_of", [
+    ("scaffold", 3, "scaffold-ci", lambda strategy: strategy.control),
+    ("tct", 4, "tct-ci", lambda strategy: strategy.stage2.control),
+])
+def test_after_a_rejected_reply_c_is_exactly_the_mean_of_the_clients_c_i(tmp_path, name, rounds, suffix, control_of):
+    """Client 1's round-2 (TCT: round-3) reply is computed, so the client holds its c_i⁺, and then
+    rejected; the server never absorbs its Δc_i. In the next round the client must start from the
+    c_i the server counts, so that after it c = Σ π_i c_i (π_i = 1/N) to float tolerance."""
+    extra = {"scaffold": "", "tct": "tct.stage1_rounds=1 tct.features=64 tct.local_steps=2"}[name]
+    overrides = f"{BASE} algorithm={name} rounds={rounds} {extra} out_dir={tmp_path}"
+    cfg = load_config("quickstart", overrides.split())
+    grid = LocalGrid(4, {"experiment": "quickstart", "overrides": overrides})
+    experiment = Experiment(grid, cfg)
+    fed = experiment.start_federation()
+    for t in range(1, rounds + 1):
+        experiment.strategy.prepare_round(t, experiment.services)
+        grid.corrupt = {1: nan_metric} if t == rounds - 1 else {}
+        record = experiment.train_round(t, fed)
+        assert record["failed_clients"] == ([1] if t == rounds - 1 else [])
+    clients = _latest_client_controls(grid, suffix)
+    control = control_of(experiment.strategy)
+    assert control and all(set(c) == set(control) for c in clients)
+    for key, c in control.items():
+        torch.testing.assert_close(c, sum(ci[key] for ci in clients) / 4, rtol=1e-5, atol=1e-6)
