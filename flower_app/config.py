@@ -15,22 +15,18 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from protocols import PROTOCOLS
 from strategies import ALGORITHMS
-from strategies.checks import choice, nonnegative, positive, require
+from flower_app.schema import run_schema
+from strategies.checks import allowed_at, check_ranges, require
 from strategies.common import configured_head
 from task.errors import ConfigError
-from task.learning.models import MODEL_NAMES
 from task.data.sources import APP_DIR
-from task.data.sources import DATASET_NAMES
 
 PROJECT_DIR = APP_DIR  # relative data.root values are resolved against it
 CONF_DIR = PROJECT_DIR / "conf"
-FINETUNE_PARTS = ("head", "full")
-MODEL_INITS = ("default", "scaled_orthonormal")
-DEVICES = ("auto", "cpu", "cuda")
 
 
 def experiment_names() -> list[str]:
@@ -48,32 +44,51 @@ def parse_overrides(overrides: str | Iterable[str]) -> list[str]:
 
 
 def load_config(experiment: str, overrides: str | Iterable[str] = ()) -> DictConfig:
-    """Merge base, experiment and overrides; unknown keys are errors."""
+    """Merge base, experiment and overrides into the run schema (:mod:`flower_app.schema`):
+    OmegaConf checks types, choices, unknown and missing keys; then the ranges and the
+    rules across keys. Every error is a ConfigError naming the key (and file) and what is allowed."""
     exp_path = CONF_DIR / "experiment" / f"{experiment}.yaml"
     if not exp_path.is_file():
         raise ConfigError(
             f"experiment: unknown experiment '{experiment}'; available: {', '.join(experiment_names())}"
         )
-    base = OmegaConf.load(CONF_DIR / "base.yaml")
-    OmegaConf.set_struct(base, True)
-    try:
-        cfg = OmegaConf.merge(base, OmegaConf.load(exp_path))
-    except OmegaConfBaseException as err:
-        raise ConfigError(f"{exp_path}: {err.msg}") from None
+    schema = run_schema()
+    cfg = OmegaConf.structured(schema)
+    for path in (CONF_DIR / "base.yaml", exp_path):
+        try:
+            cfg = OmegaConf.merge(cfg, OmegaConf.load(path))
+        except OmegaConfBaseException as err:
+            raise ConfigError(f"{path}: {_explain(err, schema)}") from None
     items = parse_overrides(overrides)
     try:
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(items))
     except OmegaConfBaseException as err:
-        key = getattr(err, "full_key", "") or "overrides"
-        raise ConfigError(f"{key}: {err.msg}") from None
-    OmegaConf.set_struct(cfg, False)
+        raise ConfigError(_explain(err, schema)) from None
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    require(not missing, missing[0] if missing else "", f"no value given (missing keys: {', '.join(missing)})")
     cfg.experiment = experiment
     if cfg.label is None:
         cfg.label = cfg.algorithm
     if cfg.data.root is not None and not Path(str(cfg.data.root)).expanduser().is_absolute():
         cfg.data.root = str((PROJECT_DIR / str(cfg.data.root)).resolve())
+    check_ranges(cfg, schema)
     validate(cfg)
     return cfg
+
+
+def _explain(err: OmegaConfBaseException, schema: type) -> str:
+    """An OmegaConf error as ``key: what went wrong, what is allowed``."""
+    key = str(getattr(err, "full_key", "") or "")
+    if isinstance(err, ConfigKeyError) and key:
+        parent = key.rpartition(".")[0]
+        known = OmegaConf.select(OmegaConf.structured(schema), parent) if parent else None
+        hint = (f"; {parent} has {', '.join(known.keys())}" if OmegaConf.is_dict(known)
+                else "; the keys are those of conf/base.yaml and the registered algorithms' sections")
+        return f"{key}: unknown key{hint}"
+    allowed = allowed_at(schema, key) if key else None
+    if isinstance(err, ValidationError) and allowed is not None:
+        return f"{key}: got {getattr(err, 'value', None)!r}, expected {allowed}"
+    return f"{key or 'overrides'}: {str(err.msg).splitlines()[0]}"
 
 
 RESERVED_IN_COMPARE = ("compare", "out_dir", "data.num_clients")
@@ -127,108 +142,39 @@ def run_config_of(run_config: Mapping, label: str | None = None) -> DictConfig:
 
 
 def validate(cfg: DictConfig) -> None:
-    """Check every value that can be checked without loading data; raise ConfigError. The
-    algorithm's and the protocols' own rules are theirs (``Algorithm.check``, ``PaperProtocol.check``)."""
-    choice(cfg, "algorithm", ALGORITHMS)
+    """The rules across keys of the core, then the algorithm's and the protocols' own
+    (``Algorithm.check``, ``PaperProtocol.check``); raise ConfigError."""
     algorithm = ALGORITHMS[cfg.algorithm]
     for protocol in PROTOCOLS:
         protocol.check(cfg)
-    choice(cfg, "data.name", DATASET_NAMES)
-    choice(cfg, "model.name", MODEL_NAMES)
-    choice(cfg, "finetune.part", FINETUNE_PARTS)
-    choice(cfg, "simulation.device", DEVICES)
     _validate_server_opt(cfg, algorithm)
-    positive(cfg, "lg.goal_accuracy", allow_none=True)
-    warm = cfg.lg.fedavg_rounds
-    require(warm is None or (isinstance(warm, int) and not isinstance(warm, bool) and warm >= 0), "lg.fedavg_rounds",
-             f"got {warm!r}, expected null or an integer >= 0")
     if algorithm.check is not None:
         algorithm.check(cfg)
-    require(isinstance(cfg.fair.adversarial, bool), "fair.adversarial",
-             f"got {cfg.fair.adversarial!r}, expected true or false")
-    local = [n for n, a in ALGORITHMS.items() if a.local_representation]
-    require(not cfg.fair.adversarial or algorithm.local_representation, "fair.adversarial",
-             f"the adversarial penalty trains local representations (algorithm={', '.join(local)}), not "
-             f"'{cfg.algorithm}': a global model cannot be trained against a local adversary (LG-FedAvg Section 5.3)")
-    lambdas = cfg.fair.lambdas
-    require(OmegaConf.is_list(lambdas) and all(isinstance(v, (int, float)) and v >= 0 for v in lambdas),
-             "fair.lambdas", f"got {lambdas!r}, expected a list of numbers >= 0, one per protected attribute")
-    for key in ("fair.pretrain_epochs", "fair.postfit_epochs"):
-        nonnegative(cfg, key)
-    online_on = bool(cfg.data.online_device.enabled)
-    require(isinstance(cfg.online.rounds, int) and not isinstance(cfg.online.rounds, bool) and cfg.online.rounds >= 0,
-             "online.rounds", f"got {cfg.online.rounds!r}, expected an integer >= 0")
-    require(cfg.online.rounds == 0 or online_on, "online.rounds",
-             "the online phase needs its device: set data.online_device.enabled=true (and count it in data.num_clients)")
-    require(not online_on or cfg.online.rounds > 0, "data.online_device.enabled",
-             "the online device only trains in the online phase: set online.rounds > 0")
-    fraction_c = cfg.online.fraction
-    require(isinstance(fraction_c, (int, float)) and 0 <= fraction_c <= 1, "online.fraction",
-             f"got {fraction_c!r}, expected a fraction in [0, 1]")
-    positive(cfg, "online.start_accuracy", allow_none=True)
-    choice(cfg, "model.init", MODEL_INITS)
-    choice(cfg, "train.augment", ("none", "crop_flip"))
     require(cfg.model.init == "default" or cfg.model.name == "linear_rep", "model.init",
-             f"'scaled_orthonormal' is defined for model.name=linear_rep, got {cfg.model.name!r}")
-    positive(cfg, "new_clients.lr", allow_none=True)
-    positive(cfg, "new_clients.tasks", integer=True)
-    samples = cfg.new_clients.samples
-    require(OmegaConf.is_list(samples) and all(isinstance(n, int) and n >= 1 for n in samples),
-             "new_clients.samples", f"got {samples!r}, expected a list of sample counts >= 1")
-    require(isinstance(cfg.label, str) and cfg.label.replace("-", "").replace("_", "").replace("+", "").isalnum(),
-             "label", f"got {cfg.label!r}, expected a name of letters, digits, '-', '_' or '+'")
-    require(isinstance(cfg.seed, int) and not isinstance(cfg.seed, bool), "seed", f"got {cfg.seed!r}, expected an integer")
-    for key in ("rounds", "train.batch_size", "data.num_clients", "eval.every", "eval.batch_size"):
-        positive(cfg, key, integer=True)
-    positive(cfg, "train.local_epochs", integer=True)
-    positive(cfg, "train.local_steps", integer=True, allow_none=True)
-    positive(cfg, "train.lr")
-    positive(cfg, "train.lr_decay")
-    positive(cfg, "finetune.lr", allow_none=True)
-    for key in ("train.momentum", "train.weight_decay", "finetune.epochs", "new_clients.epochs", "client_state.disk_above_bytes",
-                "eval.final_window", "data.num_new_clients", "simulation.client_gpus"):
-        nonnegative(cfg, key)
-    positive(cfg, "simulation.client_cpus")
-    require(OmegaConf.is_list(cfg.compare), "compare", f"got {cfg.compare!r}, expected a list of override strings")
-    fraction = cfg.train.fraction
-    require(
-        isinstance(fraction, (int, float)) and 0 < fraction <= 1,
-        "train.fraction",
-        f"got {fraction!r}, expected a fraction in (0, 1]",
-    )
+            f"'scaled_orthonormal' is defined for model.name=linear_rep, got {cfg.model.name!r}")
+    require(cfg.label.replace("-", "").replace("_", "").replace("+", "").isalnum(),
+            "label", f"got {cfg.label!r}, expected a name of letters, digits, '-', '_' or '+'")
     trainable = cfg.data.num_clients - cfg.data.num_new_clients
     require(
         trainable >= 1,
         "data.num_new_clients",
         f"{cfg.data.num_new_clients} held-out clients leave no training client out of data.num_clients={cfg.data.num_clients}",
     )
-    head = cfg.model.head
-    require(
-        head is None or (OmegaConf.is_list(head) and len(head) > 0),
-        "model.head",
-        f"got {head!r}, expected null or a non-empty list of layer names",
-    )
-    positive(cfg, "faults.min_replies", integer=True)
+    require(cfg.model.head is None or len(cfg.model.head) > 0, "model.head",
+            "got [], expected null or a non-empty list of layer names")
     require(cfg.faults.min_replies <= clients_per_round(cfg), "faults.min_replies",
-             f"{cfg.faults.min_replies} replies can never arrive from the {clients_per_round(cfg)} clients sampled per round")
-    positive(cfg, "faults.reply_timeout_s", allow_none=True)
-    nonnegative(cfg, "faults.node_wait_s")
+            f"{cfg.faults.min_replies} replies can never arrive from the {clients_per_round(cfg)} clients sampled per round")
 
 
 def _validate_server_opt(cfg: DictConfig, algorithm) -> None:
-    """``server_opt.name`` against the algorithm's server optimizers, and its numbers."""
+    """``server_opt.name`` against the algorithm's server optimizers."""
     if algorithm.server_opts == ("none",):
         with_opts = [n for n, a in ALGORITHMS.items() if a.server_opts != ("none",)]
         require(cfg.server_opt.name == "none", "server_opt.name",
-                 f"server optimizers apply to algorithm={' and '.join(with_opts)}; '{cfg.algorithm}' has none (use none)")
+                f"server optimizers apply to algorithm={' and '.join(with_opts)}; '{cfg.algorithm}' has none (use none)")
     else:
-        choice(cfg, "server_opt.name", algorithm.server_opts)
-    positive(cfg, "server_opt.lr")
-    positive(cfg, "server_opt.tau")
-    for key in ("server_opt.momentum", "server_opt.beta_1", "server_opt.beta_2"):
-        value = OmegaConf.select(cfg, key)
-        require(isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1, key,
-                 f"got {value!r}, expected a number in [0, 1)")
+        require(cfg.server_opt.name in algorithm.server_opts, "server_opt.name",
+                f"unknown value {cfg.server_opt.name!r}; allowed: {', '.join(algorithm.server_opts)}")
 
 
 def clients_per_round(cfg: DictConfig) -> int:

@@ -22,6 +22,8 @@ class PaperProtocol:
 
     name: str = ""
     handlers: Mapping[str, ClientFn] = {}  # client halves, by message type
+    config: type | None = None  # the structured config (a dataclass) of the protocol's own section
+    section: str | None = None  # the config key of that section (default: the protocol's name)
 
     def check(self, cfg: DictConfig) -> None:
         """Rules on the merged config (raise ConfigError naming the key)."""

@@ -7,10 +7,15 @@ representation).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from flwr.app import Message
+from omegaconf import MISSING, DictConfig
 
 from protocols.base import PaperProtocol
+from strategies import ALGORITHMS
+from strategies.checks import nonnegative, require
 from strategies.services import Services
 from task.learning.fairness import ATTRIBUTES
 from task.learning.metrics import final_window_mean
@@ -20,10 +25,28 @@ from task.learning.models import FairMLP
 FAIR_METRICS = ("class_auc", *(f"{kind}_auc_{a}" for kind in ("adversary", "postfit") for a in ATTRIBUTES))
 
 
+@dataclass
+class FairConfig:
+    """``fair.*``: the fair model's training (LG-FedAvg Section 3.3) and its checks."""
+
+    adversarial: bool = MISSING  # train local representations against a local adversary
+    lambdas: list[float] = nonnegative()  # penalty weight per protected attribute
+    pretrain_epochs: int = nonnegative()  # a new local part's pre-training (Table 4)
+    postfit_epochs: int = nonnegative()  # the final post-fit adversary's epochs
+
+
 class Fairness(PaperProtocol):
     """Fairness metrics of a fair model, from the clients' evaluation replies."""
 
     name = "fairness"
+    config = FairConfig
+    section = "fair"
+
+    def check(self, cfg: DictConfig) -> None:
+        local = [n for n, a in ALGORITHMS.items() if a.local_representation]
+        require(not cfg.fair.adversarial or ALGORITHMS[cfg.algorithm].local_representation, "fair.adversarial",
+                f"the adversarial penalty trains local representations (algorithm={', '.join(local)}), not "
+                f"'{cfg.algorithm}': a global model cannot be trained against a local adversary (LG-FedAvg Section 5.3)")
 
     def active(self, services: Services) -> bool:
         return isinstance(services.model, FairMLP)

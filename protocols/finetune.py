@@ -10,15 +10,17 @@ the fine-tuned copy on the client: only metrics go back.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from logging import INFO
+from typing import Literal, Optional
 
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common.logger import log
-from omegaconf import DictConfig
+from omegaconf import MISSING, DictConfig
 
 from protocols.base import PaperProtocol
 from strategies import ALGORITHMS
-from strategies.checks import require
+from strategies.checks import nonnegative, positive, require
 from strategies.common import ARRAYS, CONFIG, NUM_EXAMPLES, ClientRuntime, failure_fields, fmt, reply
 from strategies.services import Services
 from task.learning.engine import train, train_head_on_features
@@ -46,10 +48,21 @@ def finetune(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     return reply(None, **metrics, **{NUM_EXAMPLES: before[NUM_EXAMPLES]})
 
 
+@dataclass
+class FineTuneConfig:
+    """``finetune.*``: +FT after training."""
+
+    enabled: bool = MISSING
+    part: Literal["head", "full"] = MISSING
+    epochs: int = nonnegative()
+    lr: Optional[float] = positive()  # null: the final round's rate
+
+
 class FineTuning(PaperProtocol):
     """+FT after training, for the algorithms that declare ``supports_finetune``."""
 
     name = "finetune"
+    config = FineTuneConfig
     handlers = {"train.finetune": finetune}
 
     def check(self, cfg: DictConfig) -> None:

@@ -11,13 +11,16 @@ algorithm with a shared representation (for the global-model methods: the model 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from logging import INFO
+from typing import Optional
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.common.logger import log
 
 from protocols.base import PaperProtocol
+from strategies.checks import nonnegative, positive
 from strategies import ALGORITHMS
 from strategies.common import ARRAYS, CONFIG, NUM_EXAMPLES, ClientRuntime, body_keys, failure_fields, fmt, reply
 from strategies.services import Services
@@ -45,10 +48,21 @@ def adapt_head(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     return reply(None, **metrics, **{NUM_EXAMPLES: len(rt.train)})
 
 
+@dataclass
+class NewClientsConfig:
+    """``new_clients.*``: head adaptation of the held-out clients (and the linear model's new tasks)."""
+
+    epochs: int = nonnegative()
+    lr: Optional[float] = positive()  # null: the final round's rate
+    samples: list[int] = positive()  # synthetic_linear: samples of each new task
+    tasks: int = positive()  # synthetic_linear: new tasks per sample count
+
+
 class NewClients(PaperProtocol):
     """Head-only adaptation of the held-out clients after training."""
 
     name = "new_clients"
+    config = NewClientsConfig
     handlers = {"train.newclient": adapt_head}
 
     def active(self, services: Services) -> bool:

@@ -8,22 +8,43 @@ main phase at the first evaluated round whose global accuracy reaches it.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from logging import INFO
+from typing import Optional
 
 import numpy as np
 from flwr.common.logger import log
+from omegaconf import DictConfig
 
 from protocols.base import PaperProtocol
+from strategies.checks import nonnegative, positive, require, unit_interval
 from strategies.common import fmt
 from strategies.services import Services
 from task.data.sampling import sample_clients
 from task.learning.metrics import final_window_mean
 
 
+@dataclass
+class OnlineConfig:
+    """``online.*``: the online phase with the rotated device (LG-FedAvg Table 3)."""
+
+    rounds: int = nonnegative()  # online rounds after the main phase
+    fraction: float = unit_interval()  # share of the other clients sampled with the device each online round
+    start_accuracy: Optional[float] = positive()  # end the main phase at this global accuracy
+
+
 class OnlineDevice(PaperProtocol):
     """Online rounds with the rotated device after the main phase."""
 
     name = "online"
+    config = OnlineConfig
+
+    def check(self, cfg: DictConfig) -> None:
+        online_on = bool(cfg.data.online_device.enabled)
+        require(cfg.online.rounds == 0 or online_on, "online.rounds", "the online phase needs its device: set "
+                "data.online_device.enabled=true (and count it in data.num_clients)")
+        require(not online_on or cfg.online.rounds > 0, "data.online_device.enabled",
+                "the online device only trains in the online phase: set online.rounds > 0")
 
     def active(self, services: Services) -> bool:
         return int(services.cfg.online.rounds) > 0 or services.cfg.online.start_accuracy is not None

@@ -1,48 +1,178 @@
-"""Config checks shared by the core and the algorithms' own sections: each raises a
-:class:`~task.errors.ConfigError` that names the dotted key and what is allowed."""
+"""Typed config sections and the rules OmegaConf cannot state.
+
+A config section is a dataclass (an OmegaConf structured config): the library checks types,
+``Literal`` choices, unknown and missing keys. Numeric ranges are field metadata declared with
+:func:`positive`, :func:`nonnegative`, :func:`fraction`, :func:`unit_interval` and
+:func:`below_one` and checked by :func:`check_ranges` (on list fields: every element); every
+float must be finite. Rules that relate several keys stay code: :func:`require`.
+Every error names the dotted key and what is allowed.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from task.errors import ConfigError
 
+RANGE = "range"  # the field metadata key of a Range
+
+
+@dataclass(frozen=True)
+class Range:
+    """An interval of allowed numbers; ``name`` is how an error message says it."""
+
+    low: float
+    high: float
+    low_open: bool
+    high_open: bool
+    name: str  # e.g. "positive", "in (0, 1]"
+
+    def holds(self, value: float) -> bool:
+        """Whether ``value`` lies in the interval."""
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return above and below
+
+
+POSITIVE = Range(0.0, math.inf, True, True, "positive")
+NONNEGATIVE = Range(0.0, math.inf, False, True, ">= 0")
+FRACTION = Range(0.0, 1.0, True, False, "in (0, 1]")
+UNIT_INTERVAL = Range(0.0, 1.0, False, False, "in [0, 1]")
+BELOW_ONE = Range(0.0, 1.0, False, True, "in [0, 1)")
+
+
+def _ranged(bounds: Range, default: Any) -> Any:
+    return dataclasses.field(default=default, metadata={RANGE: bounds})
+
+
+def positive(default: Any = MISSING) -> Any:
+    """A field whose value (or every element) is > 0."""
+    return _ranged(POSITIVE, default)
+
+
+def nonnegative(default: Any = MISSING) -> Any:
+    """A field whose value (or every element) is >= 0."""
+    return _ranged(NONNEGATIVE, default)
+
+
+def fraction(default: Any = MISSING) -> Any:
+    """A field in (0, 1]."""
+    return _ranged(FRACTION, default)
+
+
+def unit_interval(default: Any = MISSING) -> Any:
+    """A field in [0, 1]."""
+    return _ranged(UNIT_INTERVAL, default)
+
+
+def below_one(default: Any = MISSING) -> Any:
+    """A field in [0, 1) (momentum, Adam's betas)."""
+    return _ranged(BELOW_ONE, default)
+
+
+def one_of(names: tuple[str, ...]) -> Any:
+    """A ``Literal`` type of ``names`` (choices held in a tuple, or known only at run time)."""
+    return typing.Literal[names]  # type: ignore[valid-type]
+
 
 def require(ok: bool, key: str, message: str) -> None:
-    """Raise ``key: message`` unless ``ok``."""
+    """Raise ``key: message`` unless ``ok`` (a rule across keys, or one a type cannot state)."""
     if not ok:
         raise ConfigError(f"{key}: {message}")
 
 
-def positive(cfg: DictConfig, key: str, integer: bool = False, allow_none: bool = False) -> None:
-    """``key`` is a positive number (integer-valued with ``integer``; null with ``allow_none``)."""
-    value = OmegaConf.select(cfg, key)
-    if value is None and allow_none:
-        return
-    kind = "a positive integer" if integer else "a positive number"
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
-    if integer:
-        ok = ok and float(value).is_integer()
-    require(ok, key, f"got {value!r}, expected {kind}")
+# -- what a field allows, in words ---------------------------------------------------------------
+def _strip_optional(tp: Any) -> tuple[Any, bool]:
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        return (rest[0] if len(rest) == 1 else typing.Union[tuple(rest)]), True
+    return tp, False
 
 
-def nonnegative(cfg: DictConfig, key: str) -> None:
-    """``key`` is a number >= 0."""
-    value = OmegaConf.select(cfg, key)
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
-    require(ok, key, f"got {value!r}, expected a number >= 0")
+def describe(tp: Any, bounds: Range | None = None) -> str:
+    """What a field of type ``tp`` (with ``bounds``) allows, e.g. "a positive integer",
+    "null or a number in [0, 1)", "one of sgd, exact", "a list of numbers >= 0"."""
+    tp, optional = _strip_optional(tp)
+    origin = typing.get_origin(tp)
+    if origin is typing.Literal:
+        text = "one of " + ", ".join(str(a) for a in typing.get_args(tp))
+    elif origin in (list, typing.List):
+        (item,) = typing.get_args(tp) or (Any,)
+        text = "a list of " + _plural(describe(item, bounds))
+    elif tp is bool:
+        text = "true or false"
+    elif tp in (int, float):
+        noun = "integer" if tp is int else "number"
+        if bounds is None:
+            text = f"an {noun}" if tp is int else "a finite number"
+        elif bounds.name == "positive":
+            text = f"a positive {noun}"
+        else:
+            text = f"an {noun} {bounds.name}" if tp is int else f"a number {bounds.name}"
+    elif tp is str:
+        text = "a string"
+    else:
+        text = "a value"
+    return f"null or {text}" if optional else text
 
 
-def choice(cfg: DictConfig, key: str, allowed: Iterable[str]) -> None:
-    """``key`` is one of ``allowed``."""
-    allowed = tuple(allowed)
-    value = OmegaConf.select(cfg, key)
-    require(value in allowed, key, f"unknown value {value!r}; allowed: {', '.join(allowed)}")
+def _plural(text: str) -> str:
+    for article in ("an ", "a "):
+        if text.startswith(article):
+            words = text[len(article):].split(" ")
+            noun = next(i for i, w in enumerate(words) if w in ("integer", "number", "string", "value"))
+            words[noun] += "s"
+            return " ".join(words)
+    return text
 
 
-def boolean(cfg: DictConfig, key: str) -> None:
-    """``key`` is true or false."""
-    value = OmegaConf.select(cfg, key)
-    require(isinstance(value, bool), key, f"got {value!r}, expected true or false")
+# -- checking a merged config against its schema ---------------------------------------------------
+def allowed_at(schema: type, key: str) -> str | None:
+    """What the dotted ``key`` of ``schema`` allows, in words (None for a key it lacks)."""
+    node: Any = schema
+    tp, bounds = None, None
+    for part in key.split("."):
+        name, _, index = part.partition("[")
+        node, _ = _strip_optional(node)
+        if not dataclasses.is_dataclass(node):
+            return None
+        fields = {f.name: f for f in dataclasses.fields(node)}
+        if name not in fields:
+            return None
+        tp, bounds = typing.get_type_hints(node)[name], fields[name].metadata.get(RANGE)
+        if index:  # an element of a list field
+            tp = (typing.get_args(_strip_optional(tp)[0]) or (Any,))[0]
+        node = tp
+    return describe(tp, bounds)
+
+
+def check_ranges(cfg: DictConfig, schema: type, prefix: str = "") -> None:
+    """Every ranged field of ``schema`` in ``cfg`` lies in its range, and every float is finite."""
+    hints = typing.get_type_hints(schema)
+    for f in dataclasses.fields(schema):
+        key, tp = f"{prefix}{f.name}", hints[f.name]
+        value = cfg[f.name]
+        inner, _ = _strip_optional(tp)
+        if dataclasses.is_dataclass(inner):
+            if value is not None:
+                check_ranges(value, inner, f"{key}.")
+            continue
+        bounds = f.metadata.get(RANGE)
+        values = list(value) if OmegaConf.is_list(value) else [value]
+        for item in values:
+            if isinstance(item, bool) or not isinstance(item, (int, float)):
+                continue
+            ok = math.isfinite(item) and (bounds is None or bounds.holds(item))
+            require(ok, key, f"got {_shown(value)}, expected {describe(tp, bounds)}")
+
+
+def _shown(value: Any) -> str:
+    return repr(OmegaConf.to_container(value)) if OmegaConf.is_config(value) else repr(value)

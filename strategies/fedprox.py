@@ -6,6 +6,8 @@ Client: FedAvg's local SGD, which adds the proximal term when ``proximal-mu`` > 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from flwr.serverapp.strategy import FedProx, Strategy
 from omegaconf import DictConfig
 
@@ -23,9 +25,11 @@ def make_strategy(cfg: DictConfig) -> Strategy:
     return FedProxServer(**TAKE_ALL_NODES, proximal_mu=float(cfg.fedprox.mu))
 
 
-def check(cfg: DictConfig) -> None:
-    """``fedprox.mu`` >= 0."""
-    nonnegative(cfg, "fedprox.mu")
+@dataclass
+class FedProxConfig:
+    """``fedprox.*``."""
+
+    mu: float = nonnegative()  # the proximal weight μ
 
 
 ALGORITHM = register(Algorithm(
@@ -33,6 +37,6 @@ ALGORITHM = register(Algorithm(
     make_strategy=make_strategy,
     handlers={"train": local_sgd},
     shared_keys=all_keys,
-    check=check,
+    config=FedProxConfig,
     supports_finetune=True,
 ))

@@ -16,13 +16,15 @@ head the same way but trains head and body jointly.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal, Optional
 
 import torch
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg, Strategy
-from omegaconf import DictConfig
+from omegaconf import MISSING, DictConfig
 
-from strategies.checks import boolean, choice, nonnegative, positive, require
+from strategies.checks import nonnegative, positive, require
 from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, register
 from strategies.common import ARRAYS, NUM_EXAMPLES, ClientRuntime, body_keys, configured_head, reply, round_config
 from strategies.state_store import keep_arrays, kept_arrays
@@ -141,17 +143,20 @@ def train_fedrep(rt: ClientRuntime, content: RecordDict) -> RecordDict:
 
 
 # -- the ``fedrep.*`` section (FedRep's and FedPer's heads) ------------------------------------
-HEAD_SOLVERS = ("sgd", "exact")
+@dataclass
+class FedRepConfig:
+    """``fedrep.*``: how heads are fitted (FedRep and FedPer), and the linear body's orthonormalisation."""
+
+    head_epochs: int = nonnegative()
+    head_steps: Optional[int] = positive()
+    head_solver: Literal["sgd", "exact"] = MISSING
+    orthonormalize: bool = MISSING
 
 
 def check(cfg: DictConfig) -> None:
-    """``fedrep.*``: how heads are fitted, and the linear body's orthonormalisation."""
-    choice(cfg, "fedrep.head_solver", HEAD_SOLVERS)
-    boolean(cfg, "fedrep.orthonormalize")
+    """Orthonormalising needs the linear body."""
     require(not cfg.fedrep.orthonormalize or cfg.model.name == "linear_rep", "fedrep.orthonormalize",
             f"orthonormalising the body needs model.name=linear_rep, got {cfg.model.name!r}")
-    positive(cfg, "fedrep.head_steps", integer=True, allow_none=True)
-    nonnegative(cfg, "fedrep.head_epochs")
 
 
 def check_model(cfg: DictConfig, data, model: torch.nn.Module) -> None:
@@ -170,6 +175,7 @@ ALGORITHM = register(Algorithm(
     make_strategy=make_strategy,
     handlers={"train": train_fedrep, "evaluate": evaluate_with_own_head},
     shared_keys=body_keys,
+    config=FedRepConfig,
     check=check,
     check_model=check_model,
 ))

@@ -23,14 +23,16 @@ server averages the logits of all local models with the global part on the globa
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Optional
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Strategy
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 
-from strategies.checks import require
+from strategies.checks import nonnegative, positive, require
 from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, all_keys, register
 from strategies.common import ARRAYS, CONFIG, NUM_EXAMPLES, ClientRuntime, reply, round_config
 from strategies.services import Services
@@ -217,8 +219,17 @@ def send_local_part(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     return reply(rt.arrays(local_keys(rt.model, rt.cfg)), **{NUM_EXAMPLES: len(rt.train)})
 
 
+@dataclass
+class LGConfig:
+    """``lg.*``."""
+
+    global_part: Any = MISSING  # paper | official_cifar | a list of layer groups
+    fedavg_rounds: Optional[int] = nonnegative()  # FedAvg warm-start rounds ...
+    goal_accuracy: Optional[float] = positive()  # ... or until this global accuracy
+
+
 def check(cfg: DictConfig) -> None:
-    """``lg.*``: the global part, and exactly one way to end the FedAvg warm start."""
+    """The global part, and exactly one way to end the FedAvg warm start."""
     gp = cfg.lg.global_part
     require(gp in ("paper", "official_cifar") or (OmegaConf.is_list(gp) and len(gp) > 0), "lg.global_part",
             f"got {gp!r}, expected paper, official_cifar or a non-empty list of layer groups")
@@ -238,6 +249,8 @@ ALGORITHM = register(Algorithm(
     make_strategy=make_strategy,
     handlers={"train": train_lg, "evaluate": evaluate_lg, "query.localpart": send_local_part},
     shared_keys=all_keys,
+    config=LGConfig,
+    section="lg",
     check=check,
     check_model=check_model,
     local_representation=True,

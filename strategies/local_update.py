@@ -21,16 +21,18 @@ FedAvg and Reptile), ``fedsgd`` (Θ_{1:K}, γ = 0), ``minibatch_sgd`` (Θ_1), ``
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, FedAvgM, Strategy
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig
 from torch.func import functional_call
 
-from strategies.checks import choice, nonnegative, positive, require
+from strategies.checks import nonnegative, one_of, positive, require
 from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, all_keys, register
 from strategies.common import ARRAYS, METRICS, NUM_EXAMPLES, ClientRuntime, reply, round_config
 from task.learning.engine import loss_function, step_batches
@@ -299,18 +301,24 @@ def make_strategy(cfg: DictConfig) -> Strategy:
     return LocalUpdateGD(opt.lr, opt.momentum if opt.name == "heavy_ball" else 0.0, weighting)
 
 
+@dataclass
+class LocalUpdateConfig:
+    """``local_update.*``."""
+
+    preset: one_of(PRESETS) = MISSING  # type: ignore[valid-type]
+    theta: Optional[list[float]] = MISSING  # preset=custom: θ_1..θ_K (checked with the preset)
+    steps: int = positive()  # K
+    client_lr: float = nonnegative()  # γ
+    alpha: float = nonnegative()  # α
+    weighting: one_of(WEIGHTINGS) = MISSING  # type: ignore[valid-type]
+
+
 def check(cfg: DictConfig) -> None:
-    """The ``local_update.*`` keys and the conditions of each preset (the paper's Table 1)."""
-    choice(cfg, "local_update.preset", PRESETS)
-    choice(cfg, "local_update.weighting", WEIGHTINGS)
-    positive(cfg, "local_update.steps", integer=True)
-    nonnegative(cfg, "local_update.client_lr")
-    nonnegative(cfg, "local_update.alpha")
+    """θ and the conditions of each preset (the paper's Table 1)."""
     theta = cfg.local_update.theta
     if theta is not None:
-        ok = OmegaConf.is_list(theta) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in theta)
         try:
-            ok = ok and Theta.of(list(theta)) is not None
+            ok = Theta.of(list(theta)) is not None
         except ValueError:
             ok = False
         require(ok, "local_update.theta", f"got {theta!r}, expected null or a list of weights >= 0, at least one > 0")
@@ -324,6 +332,7 @@ ALGORITHM = register(Algorithm(
     make_strategy=make_strategy,
     handlers={"train": local_update_train},
     shared_keys=all_keys,
+    config=LocalUpdateConfig,
     check=check,
     server_opts=SERVER_OPTS,
 ))

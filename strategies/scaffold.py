@@ -21,14 +21,16 @@ from an earlier checkpoint) goes back to the c_i it held before that round.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Strategy
-from omegaconf import DictConfig
+from omegaconf import MISSING, DictConfig
 
-from strategies.checks import choice, positive, require
+from strategies.checks import positive, require
 from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, all_keys, register
 from strategies.common import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, ClientRuntime, reply, round_config
 from strategies.state_store import keep_arrays, kept_arrays
@@ -184,15 +186,16 @@ def scaffold_train(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     return out
 
 
-def check_section(cfg: DictConfig) -> None:
-    """``scaffold.*``: the weighting π_i and the server learning rate (also TCT's stage 2)."""
-    choice(cfg, "scaffold.weighting", WEIGHTINGS)
-    positive(cfg, "scaffold.global_lr")
+@dataclass
+class ScaffoldConfig:
+    """``scaffold.*`` (also TCT's stage 2)."""
+
+    global_lr: float = positive()  # η_g
+    weighting: Literal["uniform", "examples"] = MISSING  # π_i: 1/N or n_i/n
 
 
 def check(cfg: DictConfig) -> None:
-    """``scaffold.*`` and what SCAFFOLD cannot train."""
-    check_section(cfg)
+    """What SCAFFOLD cannot train."""
     require(cfg.model.name != "adult_fair", "algorithm", "the fair model trains with its own adversary step and no "
             "gradient correction: use lg_fedavg or fedavg")
 
@@ -202,6 +205,7 @@ ALGORITHM = register(Algorithm(
     make_strategy=make_strategy,
     handlers={"train": scaffold_train},
     shared_keys=all_keys,
+    config=ScaffoldConfig,
     check=check,
     supports_finetune=True,
 ))

@@ -26,6 +26,7 @@ import os
 import shutil
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from logging import INFO, WARNING
 from pathlib import Path
 
@@ -35,13 +36,13 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Strategy
-from omegaconf import DictConfig
+from omegaconf import MISSING, DictConfig
 
-from strategies.checks import boolean, choice, positive, require
+from strategies.checks import nonnegative, one_of, positive, require
 from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, all_keys, register
 from strategies.common import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, ClientRuntime, failure_fields, reply, round_config
 from strategies.fedavg import FedAvgServer, local_sgd
-from strategies.scaffold import CONTROL, Scaffold, check_section, control_update, hold_control, settled_control
+from strategies.scaffold import CONTROL, Scaffold, control_update, hold_control, settled_control
 from strategies.services import Services
 from strategies.state_store import keep_arrays, kept_arrays, node_file, state_root
 from task.tct.entk import METHODS, entk_network, extract_features, parameter_count, select_coordinates
@@ -376,21 +377,26 @@ def tct_train(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     return linear_round(rt, content)
 
 
+@dataclass
+class TCTConfig:
+    """``tct.*`` (stage 2 with ``tct.solver=scaffold`` also reads ``scaffold.*``)."""
+
+    stage1_rounds: int = nonnegative()  # T1: FedAvg rounds before convexifying
+    features: int = positive()  # p: eNTK coordinates
+    feature_dtype: one_of(tuple(FEATURE_DTYPES)) = MISSING  # type: ignore[valid-type]
+    entk_method: one_of(METHODS) = MISSING  # type: ignore[valid-type]
+    entk_batch_size: int = positive()
+    normalize: bool = MISSING
+    solver: one_of(SOLVERS) = MISSING  # type: ignore[valid-type]
+    local_steps: int = positive()  # M
+    lr: float = positive()  # η
+    centered_targets: bool = MISSING
+
+
 def check(cfg: DictConfig) -> None:
-    """``tct.*`` (and ``scaffold.*`` for the stage-2 solver), and what a TCT run cannot combine with."""
-    check_section(cfg)
-    choice(cfg, "tct.feature_dtype", FEATURE_DTYPES)
-    choice(cfg, "tct.entk_method", METHODS)
-    choice(cfg, "tct.solver", SOLVERS)
-    for key in ("tct.features", "tct.entk_batch_size", "tct.local_steps"):
-        positive(cfg, key, integer=True)
-    positive(cfg, "tct.lr")
-    boolean(cfg, "tct.normalize")
-    boolean(cfg, "tct.centered_targets")
+    """What a TCT run cannot combine with."""
     t1 = cfg.tct.stage1_rounds
-    require(isinstance(t1, int) and not isinstance(t1, bool) and t1 >= 0, "tct.stage1_rounds",
-            f"got {t1!r}, expected an integer >= 0")
-    require(isinstance(cfg.rounds, int) and t1 < cfg.rounds, "tct.stage1_rounds",
+    require(t1 < cfg.rounds, "tct.stage1_rounds",
             f"{t1} FedAvg rounds leave no stage-2 round of rounds={cfg.rounds}; `rounds` counts both stages")
     require(cfg.data.num_new_clients == 0, "data.num_new_clients", "TCT has no new-client protocol; set it to 0")
     require(not cfg.data.online_device.enabled, "data.online_device.enabled", "TCT has no online phase")
@@ -410,6 +416,7 @@ ALGORITHM = register(Algorithm(
     make_strategy=make_strategy,
     handlers={"train": tct_train, "query.entk": compute_entk},
     shared_keys=all_keys,
+    config=TCTConfig,
     check=check,
     check_model=check_model,
     snapshot_after=frozenset({"train", "evaluate", "query.entk"}),

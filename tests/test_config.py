@@ -151,3 +151,17 @@ def test_sampling_is_a_pure_function_of_seed_and_round():
     # every client is picked at some point
     assert set().union(*map(set, a)) == set(range(20))
 
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.nesterov=maybe", "train.nesterov: got 'maybe', expected true or false"),
+    ("data.partition=stripes", "data.partition: got 'stripes', expected one of iid, pathological"),
+    ("fair.lambdas=[1,x]", "fair.lambdas[1]: got 'x', expected a number >= 0"),
+    ("train.lr=inf", "train.lr: got inf, expected a positive number"),
+    ("train.momentum=nan", "train.momentum: got nan, expected a number >= 0"),
+    ("train.lrr=0.1", "train.lrr: unknown key; train has fraction, local_epochs"),
+])
+def test_types_choices_and_keys_are_checked_by_the_schema(override, message):
+    with pytest.raises(ConfigError) as info:
+        load_config("quickstart", [override])
+    assert str(info.value).startswith(message)

@@ -4,6 +4,7 @@ ServerApp/ClientApp loop; and the Flower plumbing in flower_app/ names no algori
 import ast
 import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -14,15 +15,28 @@ from flower_app.config import load_config
 from flower_app.server_app import Experiment
 from strategies import ALGORITHMS, Algorithm, register
 from strategies.base import TAKE_ALL_NODES, ServerHooks, all_keys
+from strategies.checks import positive
 from strategies.common import ARRAYS, NUM_EXAMPLES, ClientRuntime, reply, round_config
+from task.errors import ConfigError
 from tests.local_grid import LocalGrid
 
 MAX_NORM = 0.05
 OVERRIDES = "wandb.enabled=false compare=[] data.num_clients=4 train.fraction=0.5 rounds=3 eval.final_window=1"
 
 
+@dataclass
+class ClipConfig:
+    """The plug-in's own config section, ``clip.*``, with its defaults (conf/base.yaml has none)."""
+
+    max_norm: float = positive(MAX_NORM)
+
+
 class ClippedFedAvg(ServerHooks, FedAvg):
-    """FedAvg whose server clips the averaged update to norm ``MAX_NORM`` (server-side update clipping)."""
+    """FedAvg whose server clips the averaged update to norm ``clip.max_norm`` (server-side update clipping)."""
+
+    def __init__(self, max_norm: float) -> None:
+        super().__init__(**TAKE_ALL_NODES)
+        self.max_norm = max_norm
 
     def configure_train(self, server_round, arrays, config, grid):
         self.sent = arrays
@@ -34,7 +48,7 @@ class ClippedFedAvg(ServerHooks, FedAvg):
             return None, metrics
         old, new = self.sent.to_torch_state_dict(), arrays.to_torch_state_dict()
         norm = math.sqrt(sum(float(((new[k] - old[k]) ** 2).sum()) for k in new))
-        scale = min(1.0, MAX_NORM / max(norm, 1e-12))
+        scale = min(1.0, self.max_norm / max(norm, 1e-12))
         return ArrayRecord({k: old[k] + scale * (new[k] - old[k]) for k in new}), metrics
 
 
@@ -47,8 +61,9 @@ def local_sgd(rt: ClientRuntime, content):
 
 @pytest.fixture
 def clipped_fedavg():
-    algorithm = register(Algorithm(name="fedavg_clip", make_strategy=lambda cfg: ClippedFedAvg(**TAKE_ALL_NODES),
-                                   handlers={"train": local_sgd}, shared_keys=all_keys))
+    algorithm = register(Algorithm(name="fedavg_clip", make_strategy=lambda cfg: ClippedFedAvg(cfg.clip.max_norm),
+                                   handlers={"train": local_sgd}, shared_keys=all_keys,
+                                   config=ClipConfig, section="clip"))
     yield algorithm
     ALGORITHMS.pop(algorithm.name)
 
@@ -67,6 +82,18 @@ def test_an_algorithm_defined_outside_strategies_runs_through_the_real_loop(tmp_
     assert summary["global_accuracy"] is not None and summary["rounds_skipped"] == []
     trained = [m for m in grid.sent if m.metadata.message_type == "train"]
     assert trained and all(set(m.content[ARRAYS].keys()) == set(before) for m in trained)
+
+
+def test_a_plugin_section_is_typed_and_checked_by_the_library(tmp_path, clipped_fedavg):
+    cfg = load_config("quickstart", [f"algorithm={clipped_fedavg.name}"])
+    assert cfg.clip.max_norm == MAX_NORM
+    assert load_config("quickstart", ["clip.max_norm=1"]).clip.max_norm == 1.0
+    for bad, expected in (("clip.max_norm=-1", "clip.max_norm: got -1.0, expected a positive number"),
+                          ("clip.max_norm=big", "clip.max_norm: got 'big', expected a positive number"),
+                          ("clip.maxnorm=1", "clip.maxnorm: unknown key; clip has max_norm")):
+        with pytest.raises(ConfigError) as info:
+            load_config("quickstart", [bad])
+        assert str(info.value) == expected
 
 
 def test_registering_needs_a_new_name_and_a_train_handler():
