@@ -58,7 +58,13 @@ def load(resume_dir: Path, cfg: DictConfig) -> dict[str, Any]:
     path = checkpoint_dir(resume_dir) / SERVER_FILE
     if not path.is_file():
         raise ConfigError(f"resume={str(resume_dir)!r}: no checkpoint there (expected {path})")
-    state = torch.load(path, weights_only=False)
+    try:
+        state = torch.load(path, weights_only=False)
+    except Exception as err:  # noqa: BLE001 - a truncated or foreign file: name it
+        raise ConfigError(f"resume={str(resume_dir)!r}: {path} cannot be read ({type(err).__name__}: {err}); "
+                          "it is truncated or not a flrep checkpoint") from None
+    if not isinstance(state, dict):
+        raise ConfigError(f"resume={str(resume_dir)!r}: {path} is not a flrep checkpoint")
     if state.get("format") != FORMAT:
         raise ConfigError(f"resume={str(resume_dir)!r}: {path} is a checkpoint of format {state.get('format', 1)}, "
                           f"this flrep reads format {FORMAT}; resume it with the flrep version that wrote it")

@@ -13,46 +13,54 @@ from pathlib import Path
 from task.errors import ConfigError
 
 
-def _prepare(args: argparse.Namespace, extra: list[str] = ()):
-    """Overrides (with ``--out``) and the validated first variant; None after printing a config error."""
-    from flower_app.config import load_variants, validate_with_data
+def _prepare(args: argparse.Namespace, extra: list[str] = (), default_out: Path | None = None):
+    """Overrides (the output directory fixed in them), the first variant and the output
+    directory, after every check that needs no federation (nothing is written before they
+    pass); None after printing a configuration error."""
+    from flower_app.config import load_variants
+    from flower_app.experiment import output_dir
+    from flower_app.server_app import preflight
 
     overrides = list(args.overrides) + list(extra)
     if args.out:
         overrides.append(f"out_dir={Path(args.out).expanduser().resolve()}")
     try:
         variants = load_variants(args.experiment, overrides)
-        for variant in variants:
-            validate_with_data(variant)
+        if not variants[0].resume and not variants[0].out_dir:  # fix the folder, so the outcome can be checked
+            where = default_out.resolve() if default_out is not None else output_dir(variants[0])
+            overrides.append(f"out_dir={where}")
+            variants = load_variants(args.experiment, overrides)
+        moved = preflight(variants, force=bool(getattr(args, "force", False)))
     except ConfigError as err:
         print(f"flrep: configuration error: {err}", file=sys.stderr)
         return None
-    return overrides, variants[0]
+    out = output_dir(variants[0])
+    if moved is not None:
+        print(f"flrep: --force: the earlier run in {out} was moved to {moved}", file=sys.stderr)
+    return overrides, variants[0], out
 
 
-def _outcome(out: Path | None) -> int:
-    """0 when the run wrote a completed summary (or has no output directory to check)."""
-    if out is None:
-        return 0
+def _summary_stamp(out: Path) -> tuple[int, int] | None:
+    """(mtime, size) of ``out``'s summary.json, or None."""
+    path = out / "summary.json"
+    return (path.stat().st_mtime_ns, path.stat().st_size) if path.is_file() else None
+
+
+def _outcome(out: Path, before: tuple[int, int] | None) -> int:
+    """0 when the run wrote a new summary with status completed; ``before``: the old summary's stamp."""
     summary_path = out / "summary.json"
-    if not summary_path.is_file():
-        print(f"flrep: run failed: no {summary_path} was written", file=sys.stderr)
+    if not summary_path.is_file() or _summary_stamp(out) == before:
+        print(f"flrep: run failed: no new {summary_path} was written", file=sys.stderr)
         return 1
-    status = json.loads(summary_path.read_text()).get("status")
+    summary = json.loads(summary_path.read_text())
+    status = summary.get("status")
     if status != "completed":
-        print(f"flrep: run failed: status {status!r} in {summary_path}", file=sys.stderr)
+        reason = summary.get("failure_reason")
+        print(f"flrep: run failed: status {status!r} in {summary_path}" + (f": {reason}" if reason else ""),
+              file=sys.stderr)
         return 1
     print(f"flrep: outputs in {out}")
     return 0
-
-
-def _out_dir(cfg, default: Path | None = None) -> Path | None:
-    """The run's output directory (its old summary removed), when it is known in advance."""
-    where = cfg.resume or cfg.out_dir or default
-    out = Path(str(where)).expanduser().resolve() if where else None
-    if out is not None and (out / "summary.json").exists():
-        (out / "summary.json").unlink()
-    return out
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -61,16 +69,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
     prepared = _prepare(args)
     if prepared is None:
         return 2
-    overrides, cfg = prepared
-    out = _out_dir(cfg)
+    overrides, cfg, out = prepared
+    before = _summary_stamp(out)
     try:
         run_blocking(args.experiment, overrides, int(cfg.data.num_clients),
                      float(cfg.simulation.client_cpus), float(cfg.simulation.client_gpus))
     except (KeyboardInterrupt, SystemExit) as err:  # the simulation's threads would keep the process alive
         if isinstance(err, KeyboardInterrupt) or err.code == signal.SIGTERM:  # Ctrl-C, SIGTERM via Ray's handler
-            where = str(out) if out is not None else "<its output directory>"
             print(f"flrep: run interrupted ({type(err).__name__}); continue it from its last checkpoint with the "
-                  f"same command and resume={where}", file=sys.stderr)
+                  f"same command and resume={out}", file=sys.stderr)
             exit_interrupted(130)
         print(f"flrep: run failed: the simulation exited with code {err.code}", file=sys.stderr)
         exit_interrupted(1)
@@ -78,22 +85,22 @@ def _cmd_run(args: argparse.Namespace) -> int:
         traceback.print_exc()
         print(f"flrep: run failed: {type(err).__name__}: {err}", file=sys.stderr)
         return 1
-    return _outcome(out)
+    return _outcome(out, before)
 
 
 def _cmd_deploy(args: argparse.Namespace) -> int:
     from flower_app.certs import load_deployment_keys
     from flower_app.deployment import LocalDeployment
 
-    prepared = _prepare(args, [f"data.num_clients={args.nodes}"])
+    prepared = _prepare(args, [f"data.num_clients={args.nodes}"], Path("outputs") / f"{args.experiment}-deploy")
     if prepared is None:
         return 2
-    overrides, cfg = prepared
+    overrides, cfg, out = prepared
     if cfg.data.root is not None:  # the SuperLink runs the app from its own copy: paths must be absolute
         overrides.append(f"data.root={cfg.data.root}")
     if cfg.resume:
-        overrides.append(f"resume={Path(str(cfg.resume)).expanduser().resolve()}")
-    out = _out_dir(cfg, Path("outputs") / f"{args.experiment}-deploy")
+        overrides.append(f"resume={out}")
+    before = _summary_stamp(out)
     try:
         if args.node_data:  # each SuperNode i reads <node-data>/node-<i>
             missing = [str(Path(args.node_data) / f"node-{i}") for i in range(args.nodes)
@@ -122,7 +129,7 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
         traceback.print_exc()
         print(f"flrep: deployment failed: {type(err).__name__}: {err}", file=sys.stderr)
         return 1
-    return _outcome(out)
+    return _outcome(out, before)
 
 
 def _cmd_certs(args: argparse.Namespace) -> int:
@@ -181,6 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("experiment", help="name of a file in conf/experiment/ (without .yaml)")
     run.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. rounds=5 train.lr=0.1")
     run.add_argument("--out", help="output directory (default: outputs/<experiment>-<timestamp>)")
+    run.add_argument("--force", action="store_true", help="move an earlier run in the output directory aside "
+                     "(to <dir>.old-<time>; nothing is deleted) instead of refusing to start")
     run.set_defaults(func=_cmd_run)
     dep = sub.add_parser("deploy", help="run an experiment on a real local deployment: a SuperLink and N SuperNodes "
                                         "on loopback, stopped afterwards")
@@ -188,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     dep.add_argument("overrides", nargs="*", help="dotted key=value overrides")
     dep.add_argument("--nodes", type=int, required=True, help="number of SuperNodes (= data.num_clients)")
     dep.add_argument("--out", help="output directory (logs of the processes in <out>/deployment)")
+    dep.add_argument("--force", action="store_true", help="move an earlier run in the output directory aside")
     dep.add_argument("--tls", help="directory made by 'flrep certs': TLS and SuperNode authentication")
     dep.add_argument("--node-data", help="directory made by 'flrep split-data': each SuperNode loads node-<i>/")
     dep.set_defaults(func=_cmd_deploy)

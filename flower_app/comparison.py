@@ -16,8 +16,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from flower_app.plots import plot_linear  # noqa: E402
+from flower_app.plots import plot_linear, save_figure  # noqa: E402
 from flower_app.results import clean_json  # noqa: E402
+from flower_app.run_dir import write_text_atomic  # noqa: E402
 
 #: (summary key, column title) of the comparison table, shown when any variant has a value.
 COLUMNS = (
@@ -83,7 +84,7 @@ def plot_comparison(records: dict[str, list[dict]], path: Path, title: str) -> P
                 title="new clients: fresh head on the frozen representation")
         ax3.grid(alpha=0.3)
         ax3.legend(fontsize=8)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    save_figure(fig, path)
     plt.close(fig)
     return path
 
@@ -100,9 +101,9 @@ def write_comparison(out_dir: Path, summaries: dict[str, dict], records: dict[st
                     for label, s in summaries.items()},
     )
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "comparison.md").write_text(f"# {title}\n\n" + comparison_table(summaries))
+    write_text_atomic(out_dir / "comparison.md", f"# {title}\n\n" + comparison_table(summaries))
     plot_comparison(records, out_dir / "plots" / "comparison.png", title)
     if any(r.get("representation_distance") is not None for recs in records.values() for r in recs):
         plot_linear(records, out_dir / "plots" / "linear.png", title)
-    (out_dir / "summary.json").write_text(json.dumps(clean_json(summary), indent=2) + "\n")
+    write_text_atomic(out_dir / "summary.json", json.dumps(clean_json(summary), indent=2) + "\n")
     return summary

@@ -233,4 +233,6 @@ def pick_device(cfg: DictConfig):
 
     if cfg.simulation.device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    require(cfg.simulation.device != "cuda" or torch.cuda.is_available(), "simulation.device",
+            "cuda, but torch sees no CUDA GPU on this machine; use auto or cpu")
     return torch.device(cfg.simulation.device)

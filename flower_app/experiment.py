@@ -6,11 +6,10 @@ and its declared hooks (:class:`strategies.base.ServerHooks`), and the active pa
 
 from __future__ import annotations
 
-import shutil
 import time
 import uuid
 from datetime import datetime
-from logging import INFO, WARNING
+from logging import ERROR, INFO, WARNING
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +18,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from omegaconf import DictConfig
 
-from flower_app import checkpoint
+from flower_app import checkpoint, run_dir
 from flower_app.config import clients_per_round, pick_device, validate_with_data
 from flower_app.federation import Federation, NodeSubset, Traffic, connect, rejoin
 from flower_app.results import RunRecorder
@@ -65,15 +64,16 @@ class Experiment:
         self.traffic = Traffic()
         self.out_dir = output_dir(cfg)
         self.resumed = checkpoint.load(self.out_dir, cfg) if cfg.resume else None
-        if self.resumed is None:  # a fresh start: no snapshot of an earlier run in this folder may be restored
-            shutil.rmtree(checkpoint.checkpoint_dir(self.out_dir), ignore_errors=True)
+        if self.resumed is None:
+            run_dir.claim(self.out_dir)  # a new run never overwrites another
+        self.evaluator = ServerEvaluator(self.data, self.model, pick_device(cfg), int(cfg.eval.batch_size))
+        self.strategy: ServerHooks = self.algorithm.make_strategy(cfg)
+        # every check is done: from here on the run writes to its directory
         self.run_token = self.resumed["run_token"] if self.resumed else uuid.uuid4().hex[:12]
         self.recorder = RunRecorder(self.out_dir, cfg,
                                     checkpoint.saved_records(self.out_dir, self.resumed) if self.resumed else ())
         self.name = f"{cfg.experiment}-{cfg.label}-s{cfg.seed}"
         self.tracker = Tracker(cfg, self.out_dir, self.name)
-        self.evaluator = ServerEvaluator(self.data, self.model, pick_device(cfg), int(cfg.eval.batch_size))
-        self.strategy: ServerHooks = self.algorithm.make_strategy(cfg)
         self.fed: Federation | None = None
         self.services = RunServices(self)
         self.protocols = [p for p in PROTOCOLS if p.active(self.services)]
@@ -253,6 +253,8 @@ class Experiment:
         self.recorder.write_summary(summary)
         self.recorder.plot(self.name)
         self.tracker.finish(summary)
+        if summary["status"] != "completed":
+            log(ERROR, "[flrep] run failed: %s", summary["failure_reason"])
         log(INFO, "[flrep] personalized accuracy (final %d rounds) %s, global accuracy %s, %.1fs",
             int(cfg.eval.final_window), fmt(summary["personalized_accuracy"]), fmt(summary["global_accuracy"]),
             summary["wall_time_s"])
@@ -297,4 +299,18 @@ class Experiment:
         for protocol in self.protocols:
             summary.update(protocol.summary(records, self.services))
         summary.update(self.strategy.summary_extra(records))
+        reason = self.failure_reason(trains)
+        if reason is not None:
+            summary.update(status="failed", failure_reason=reason)
         return summary
+
+    def failure_reason(self, trains: list[dict]) -> str | None:
+        """Why the run learned nothing worth reporting: too many of its training rounds were
+        skipped (every reply failed or was rejected); None for a sound run."""
+        skipped = [r["round"] for r in trains if r.get("skipped")]
+        limit = float(self.cfg.faults.max_skipped_fraction)
+        if not trains or (len(skipped) < len(trains) and len(skipped) <= limit * len(trains)):
+            return None
+        return (f"{len(skipped)} of {len(trains)} training rounds were skipped (rounds {skipped[:10]}"
+                f"{' ...' if len(skipped) > 10 else ''}; faults.max_skipped_fraction={limit:g}): "
+                "see the failures in metrics.jsonl")

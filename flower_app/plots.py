@@ -9,6 +9,13 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from flower_app.run_dir import write_atomic  # noqa: E402
+
+
+def save_figure(fig, path: Path) -> None:
+    """Write ``fig`` to ``path`` atomically (a reader never sees half a PNG)."""
+    write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=120, bbox_inches="tight"))
+
 
 def plot_run(records: list[dict], plots_dir: Path, title: str) -> list[Path]:
     """Write ``accuracy.png`` and ``client_spread.png`` from the eval records; return paths."""
@@ -25,7 +32,7 @@ def plot_run(records: list[dict], plots_dir: Path, title: str) -> list[Path]:
     if ax.lines:
         ax.legend()
     written.append(plots_dir / "accuracy.png")
-    fig.savefig(written[-1], dpi=120, bbox_inches="tight")
+    save_figure(fig, written[-1])
     plt.close(fig)
 
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 4), gridspec_kw={"width_ratios": [3, 1]})
@@ -39,7 +46,7 @@ def plot_run(records: list[dict], plots_dir: Path, title: str) -> list[Path]:
     ax.set(xlabel="round", ylabel="local test accuracy per client", title=f"{title}: spread over clients")
     ax.grid(alpha=0.3)
     written.append(plots_dir / "client_spread.png")
-    fig.savefig(written[-1], dpi=120, bbox_inches="tight")
+    save_figure(fig, written[-1])
     plt.close(fig)
 
     if any(r.get("representation_distance") is not None for r in records):
@@ -53,7 +60,7 @@ def plot_run(records: list[dict], plots_dir: Path, title: str) -> list[Path]:
                title=f"{title}: new clients, head only")
         ax.grid(alpha=0.3)
         written.append(plots_dir / "newclients.png")
-        fig.savefig(written[-1], dpi=120, bbox_inches="tight")
+        save_figure(fig, written[-1])
         plt.close(fig)
     return written
 
@@ -87,6 +94,6 @@ def plot_linear(records: dict[str, list[dict]], path: Path, title: str) -> Path:
         ax.grid(alpha=0.3, which="both")
         if ax.lines:
             ax.legend(fontsize=8)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    save_figure(fig, path)
     plt.close(fig)
     return path

@@ -15,6 +15,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from flower_app.plots import plot_run
+from flower_app.run_dir import write_text_atomic
 
 
 def clean_json(value: Any) -> Any:
@@ -35,10 +36,10 @@ class RunRecorder:
         """Start ``out_dir``'s outputs; a resumed run passes the ``records`` of its checkpoint."""
         self.out_dir = out_dir
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        write_text_atomic(out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
         self.metrics_path = out_dir / "metrics.jsonl"
         self.records: list[dict[str, Any]] = list(records)
-        self.metrics_path.write_text("".join(json.dumps(r) + "\n" for r in self.records))
+        write_text_atomic(self.metrics_path, "".join(json.dumps(r) + "\n" for r in self.records))
 
     def log(self, record: dict[str, Any]) -> None:
         """Append one record to ``metrics.jsonl``."""
@@ -50,7 +51,7 @@ class RunRecorder:
     def write_summary(self, summary: dict[str, Any]) -> Path:
         """Write ``summary.json``."""
         path = self.out_dir / "summary.json"
-        path.write_text(json.dumps(clean_json(summary), indent=2) + "\n")
+        write_text_atomic(path, json.dumps(clean_json(summary), indent=2) + "\n")
         return path
 
     def plot(self, title: str) -> list[Path]:

@@ -14,7 +14,7 @@ from omegaconf import MISSING
 
 from protocols import PROTOCOLS
 from strategies import ALGORITHMS
-from strategies.checks import below_one, fraction, nonnegative, one_of, positive
+from strategies.checks import below_one, fraction, nonnegative, one_of, positive, unit_interval
 from task.data.datasets.femnist import FEMNIST_CLASS_MODES
 from task.data.partition import CLASS_ASSIGNMENT_MODES, PARTITIONS
 from task.data.sources import DATASET_NAMES
@@ -141,6 +141,7 @@ class ClientStateConfig:
 @dataclass
 class FaultsConfig:
     min_replies: int = positive()
+    max_skipped_fraction: float = unit_interval()
     reply_timeout_s: Optional[float] = positive()
     node_wait_s: float = nonnegative()
 

@@ -11,18 +11,44 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 from omegaconf import DictConfig
 
-from flower_app import checkpoint
+from flower_app import checkpoint, run_dir
 from flower_app.comparison import comparison_table, write_comparison
-from flower_app.config import validate_with_data, variants_from_run_config
+from flower_app.config import pick_device, validate_with_data, variants_from_run_config
 from flower_app.experiment import Experiment, output_dir
+from strategies.checks import require
 
 app = ServerApp()
 
 
+def preflight(variants: tuple[DictConfig, ...], force: bool = False) -> Path | None:
+    """Every check that needs no federation, before anything is written: config and data,
+    the device, and the output directory (a new run needs one that holds no other run; a
+    resumed one a readable checkpoint of the same config). With ``force``, after all other
+    checks passed, an earlier run in the directory is moved aside; returns where it went."""
+    for cfg in variants:
+        validate_with_data(cfg)
+        pick_device(cfg)
+    base = output_dir(variants[0])
+    moved = None
+    if not variants[0].resume:
+        if force:
+            run_dir.check_writable(base)
+            moved = run_dir.move_aside(base)
+        run_dir.claim(base)
+    elif len(variants) == 1:
+        checkpoint.load(base, variants[0])
+    else:
+        require(bool(run_dir.run_files(base)), "resume", f"{str(base)!r} holds no run to continue")
+        for cfg in variants:
+            folder = base / cfg.label
+            if (checkpoint.checkpoint_dir(folder) / checkpoint.SERVER_FILE).is_file():
+                checkpoint.load(folder, cfg)
+    return moved
+
+
 def run_variants(grid: Grid, variants: tuple[DictConfig, ...]) -> dict:
     """Run each variant in turn on the same federation; with several, write the comparison."""
-    for cfg in variants:  # every variant's config and data errors stop the run before round 1
-        validate_with_data(cfg)
+    preflight(variants)  # every variant's errors stop the run before round 1, before any write
     if len(variants) == 1:
         return Experiment(grid, variants[0]).run()
     base = output_dir(variants[0])
@@ -38,6 +64,10 @@ def run_variants(grid: Grid, variants: tuple[DictConfig, ...]) -> dict:
                 continue
             has_checkpoint = (checkpoint.checkpoint_dir(base / cfg.label) / checkpoint.SERVER_FILE).is_file()
             cfg.resume = str(base / cfg.label) if has_checkpoint else None
+            if not has_checkpoint:  # started but never checkpointed: kept aside, started again
+                moved = run_dir.move_aside(base / cfg.label)
+                if moved is not None:
+                    log(INFO, "[flrep] %s had no checkpoint: its files moved to %s, starting it again", cfg.label, moved)
         experiment = Experiment(grid, cfg)
         summaries[cfg.label] = experiment.run()
         records[cfg.label] = experiment.recorder.records

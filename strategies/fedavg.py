@@ -8,7 +8,10 @@ config (sent by FedProx's server half) the proximal term is added.
 
 from __future__ import annotations
 
-from flwr.app import RecordDict
+from collections.abc import Iterable
+
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAdam, FedAvg, FedAvgM, Strategy
 from omegaconf import DictConfig
 
@@ -29,9 +32,23 @@ class FedAvgMServer(ServerHooks, FedAvgM):
 
 
 class FedAdamServer(ServerHooks, FedAdam):
-    """Flower's FedAdam on the averaged update."""
+    """Flower's FedAdam on the averaged update; the new global arrays keep the dtypes of the
+    model (Flower's FedAdam computes in float64, whose arrays the clients' float32 replies
+    would then no longer match)."""
 
     checkpointed = ("current_arrays", "m_t", "v_t")
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        self.dtypes = {k: a.dtype for k, a in arrays.items()}
+        return super().configure_train(server_round, arrays, config, grid)
+
+    def aggregate_train(self, server_round: int,
+                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        arrays, metrics = super().aggregate_train(server_round, replies)
+        if arrays is not None:
+            arrays = ArrayRecord({k: Array(a.numpy().astype(self.dtypes.get(k, a.dtype))) for k, a in arrays.items()})
+        return arrays, metrics
 
 
 def make_strategy(cfg: DictConfig) -> Strategy:

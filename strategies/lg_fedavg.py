@@ -83,6 +83,11 @@ class LGFedAvg(ServerHooks, FedAvg):
         self.goal_accuracy = goal_accuracy
         self.switch_round: int | None = None  # first LG round
         self.initialised: set[int] = set()  # nodes that hold a local part
+        self.global_part: set[str] = set()  # state keys of the global part (known from the model at start)
+
+    def on_start(self, services: Services) -> None:
+        """Learn the global part's keys from the model (its layer groups, not branches such as an adversary)."""
+        self.global_part = set(global_keys(services.model, self.cfg))
 
     def lg_phase(self, server_round: int) -> bool:
         """Whether ``server_round`` trains local and global parts (after the FedAvg warm start)."""
@@ -112,8 +117,7 @@ class LGFedAvg(ServerHooks, FedAvg):
         if config[PHASE] == "fedavg":
             return self._construct_messages(RecordDict({ARRAYS: arrays, CONFIG: config}), list(grid.get_node_ids()),
                                             message_type)
-        groups = global_groups(list(dict.fromkeys(k.split(".", 1)[0] for k in arrays)), self.cfg)
-        shared = ArrayRecord({k: arrays[k] for k in arrays if k.split(".", 1)[0] in groups})
+        shared = ArrayRecord({k: arrays[k] for k in arrays if k in self.global_part})
         messages = []
         for node in grid.get_node_ids():
             payload = arrays if node not in self.initialised else shared
@@ -128,8 +132,7 @@ class LGFedAvg(ServerHooks, FedAvg):
         arrays = message.content[ARRAYS]
         if round_config(message.content).get(PHASE) != "lg":
             return {ARRAYS: arrays}
-        groups = global_groups(list(dict.fromkeys(k.split(".", 1)[0] for k in arrays)), self.cfg)
-        return {ARRAYS: ArrayRecord({k: arrays[k] for k in arrays if k.split(".", 1)[0] in groups})}
+        return {ARRAYS: ArrayRecord({k: arrays[k] for k in arrays if k in self.global_part})}
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:

@@ -1,0 +1,82 @@
+"""A run directory is a user's result: it is never overwritten by another run, never deleted,
+and every file in it is written atomically (a crash leaves the old file or the new one).
+
+A directory *holds a run* when it (or a variant folder in it) has a run's files. A new run
+may only start in a directory that holds none; ``resume=`` continues the run it holds, and
+``flrep run --force`` first moves it aside to ``<dir>.old-<timestamp>``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+
+from task.errors import ConfigError
+
+#: The files and folders that make a directory a run directory.
+RUN_MARKERS = ("summary.json", "metrics.jsonl", "config.yaml", "checkpoint", "comparison.md")
+
+
+def run_files(out: Path) -> list[Path]:
+    """The run files in ``out`` and in its variant folders (empty when it holds no run)."""
+    if not out.is_dir():
+        return []
+    folders = [out, *(p for p in sorted(out.iterdir()) if p.is_dir())]
+    return [folder / name for folder in folders for name in RUN_MARKERS if (folder / name).exists()]
+
+
+def check_writable(out: Path) -> None:
+    """``out`` is a directory this user can create and write (nothing is created yet)."""
+    existing = out
+    while not existing.exists():
+        existing = existing.parent
+    if existing == out and not out.is_dir():
+        raise ConfigError(f"out_dir={str(out)!r} is a file; expected a directory for the run's outputs")
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"out_dir={str(out)!r}: {existing} is not writable by this user")
+
+
+def claim(out: Path) -> None:
+    """Refuse to start a new run in ``out`` when it holds another run (or cannot be written)."""
+    check_writable(out)
+    found = run_files(out)
+    if found:
+        shown = ", ".join(str(p.relative_to(out)) for p in found[:4])
+        raise ConfigError(f"out_dir={str(out)!r} holds an earlier run ({shown}); continue it with resume={out}, "
+                          "choose another out_dir (--out), or pass --force to move it aside (nothing is deleted)")
+
+
+def move_aside(out: Path) -> Path | None:
+    """Rename the run in ``out`` to ``<out>.old-<timestamp>`` (never deletes); the new path, or None
+    when ``out`` holds no run."""
+    if not run_files(out):
+        return None
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    target = out.with_name(f"{out.name}.old-{stamp}")
+    n = 1
+    while target.exists():
+        target = out.with_name(f"{out.name}.old-{stamp}-{n}")
+        n += 1
+    out.rename(target)
+    return target
+
+
+def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
+    """``write(tmp)`` into a temporary file beside ``path``, then rename it onto ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Atomic ``path.write_text(text)``."""
+    write_atomic(path, lambda tmp: tmp.write_text(text))
