@@ -194,8 +194,13 @@ def validate_with_data(cfg: DictConfig):
     from task.data.federated_data import build_federated_data
 
     fed = build_federated_data(cfg.data, int(cfg.seed))
+    _check_finite(cfg, fed.bundle)
     model = initial_model(cfg, fed.bundle)
     head_groups(cfg, model)  # model.head names groups of this model
+    shared = ALGORITHMS[cfg.algorithm].shared_keys
+    require(shared is None or bool(shared(model, cfg)), "model.head",
+            f"{list(head_groups(cfg, model))} is the whole {cfg.model.name}: {cfg.algorithm} would share no parameters; "
+            "name fewer layer groups")
     require(cfg.train.augment == "none" or len(fed.bundle.input_shape) == 3, "train.augment",
              f"'{cfg.train.augment}' needs image inputs (C, H, W), data.name={cfg.data.name!r} has {tuple(fed.bundle.input_shape)}")
     algorithm = ALGORITHMS[cfg.algorithm]
@@ -210,6 +215,22 @@ def validate_with_data(cfg: DictConfig):
                  f"{len(cfg.fair.lambdas)} values for the {len(attrs)} protected attributes {list(attrs)}")
     return fed, model
 
+
+
+def _check_finite(cfg: DictConfig, bundle) -> None:
+    """Every input and regression target of the data is finite (one NaN makes every reply rejected)."""
+    import numpy as np
+
+    where = f"data.name={cfg.data.name}" + (f" in data.root={cfg.data.root}" if cfg.data.root else "")
+    for name, split in (("train", bundle.train), ("test", bundle.test)):
+        for what, values in (("inputs", split.x), ("targets", split.y)):
+            values = np.asarray(values)
+            if not np.issubdtype(values.dtype, np.floating):
+                continue
+            bad = ~np.isfinite(values.reshape(len(values), -1)).all(axis=1)
+            if bad.any():
+                raise ConfigError(f"{where}: the {name} split's {what} hold NaN or Inf (first at sample "
+                                  f"{int(np.argmax(bad))}, {int(bad.sum())} samples in all); fix or drop them in the data files")
 
 
 def initial_model(cfg: DictConfig, bundle):

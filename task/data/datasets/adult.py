@@ -33,6 +33,7 @@ category not seen in train).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -73,9 +74,14 @@ def _read_adult_csv(path: Path, drop_missing: bool) -> tuple[np.ndarray, list[li
         if drop_missing and "?" in fields:
             continue
         try:
-            nums.append([float(fields[i]) for i in num_idx])
+            row = [float(fields[i]) for i in num_idx]
         except ValueError as exc:
             raise ConfigError(f"{path}:{lineno}: non-numeric value in a numeric column ({exc})") from exc
+        bad = [ADULT_NUMERIC[j] for j, v in enumerate(row) if not math.isfinite(v)]
+        if bad:
+            raise ConfigError(f"{path}:{lineno}: column {bad[0]!r} is {fields[num_idx[ADULT_NUMERIC.index(bad[0])]]!r}; "
+                              "expected a finite number")
+        nums.append(row)
         cats.append([fields[i] for i in cat_idx])
         lab = fields[-1].rstrip(".")
         if lab not in (">50K", "<=50K"):

@@ -90,11 +90,15 @@ def _collect_image_entries(folder: Path) -> tuple[list[tuple[str, str, str]], li
         stamp = [str(folder.resolve())]
         for split in ("train", "test"):
             for cls_dir in sorted(p for p in (folder / split).iterdir() if p.is_dir()):
-                for f in sorted(cls_dir.iterdir()):
-                    if f.is_file() and not f.name.startswith(".") and f.name.lower().endswith(_IMAGE_EXTS):
-                        entries.append((split, cls_dir.name, str(f)))
-                        st = f.stat()
-                        stamp.append([f"{split}/{cls_dir.name}/{f.name}", st.st_size, st.st_mtime_ns])
+                images = [f for f in sorted(cls_dir.iterdir())
+                          if f.is_file() and not f.name.startswith(".") and f.name.lower().endswith(_IMAGE_EXTS)]
+                if not images:  # a class without images would silently vanish from the label set
+                    raise ConfigError(f"{cls_dir}: class folder '{cls_dir.name}' has no images; expected "
+                                      f"{'/'.join(_IMAGE_EXTS)} files (remove the folder to drop the class)")
+                for f in images:
+                    entries.append((split, cls_dir.name, str(f)))
+                    st = f.stat()
+                    stamp.append([f"{split}/{cls_dir.name}/{f.name}", st.st_size, st.st_mtime_ns])
     entries.sort(key=lambda e: (e[0], e[1], Path(e[2]).name, e[2]))
     return entries, stamp
 

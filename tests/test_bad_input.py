@@ -1,0 +1,153 @@
+"""Bad input never costs a user a result: each case below fails before round 1 (exit 2, naming
+the key or file) and leaves every existing file as it was; a run that learned nothing ends
+failed. The finished run they are tried against is a real one (in-process, one round)."""
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from flower_app.cli import _outcome, _summary_stamp
+from flower_app.cli import main as flrep
+from flower_app.config import load_config, load_variants, validate_with_data
+from flower_app.experiment import Experiment
+from flower_app.server_app import preflight
+from task.data.datasets.image_folder import load_image_folder
+from task.errors import ConfigError
+from tests.local_grid import LocalGrid
+from tests.offline_data import shared
+
+TINY = ["wandb.enabled=false", "compare=[]", "data.num_clients=4", "rounds=1", "eval.final_window=1"]
+
+
+def tree(root: Path) -> dict[str, str]:
+    """Every file under ``root`` (relative path -> content hash)."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    """A finished one-round quickstart run directory."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    overrides = " ".join([*TINY, f"out_dir={out}"])
+    Experiment(LocalGrid(4, {"experiment": "quickstart", "overrides": overrides}),
+               load_config("quickstart", overrides.split())).run()
+    assert (out / "summary.json").is_file() and (out / "checkpoint" / "server.pt").is_file()
+    return out
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str]:
+    code = flrep(["run", "quickstart", *TINY, *argv])
+    return code, capsys.readouterr().err
+
+
+def test_a_new_run_refuses_a_directory_holding_another_run(finished, capsys):
+    before = tree(finished)
+    code, err = run_cli(capsys, "--out", str(finished))
+    assert code == 2 and "holds an earlier run" in err and "resume=" in err and "--force" in err
+    assert tree(finished) == before
+
+
+def test_a_refused_resume_changes_nothing(finished, capsys):
+    before = tree(finished)
+    code, err = run_cli(capsys, "train.lr=0.2", f"resume={finished}")
+    assert code == 2 and "train.lr" in err
+    assert tree(finished) == before  # summary.json included
+
+
+def test_a_truncated_checkpoint_is_named(finished, tmp_path, capsys):
+    copy = tmp_path / "run"
+    shutil.copytree(finished, copy)
+    server = copy / "checkpoint" / "server.pt"
+    server.write_bytes(server.read_bytes()[:100])
+    before = tree(copy)
+    code, err = run_cli(capsys, f"resume={copy}")
+    assert code == 2 and str(server) in err and "cannot be read" in err
+    assert tree(copy) == before
+
+
+def test_force_moves_the_earlier_run_aside_and_deletes_nothing(finished, tmp_path):
+    copy = tmp_path / "run"
+    shutil.copytree(finished, copy)
+    before = tree(copy)
+    moved = preflight(load_variants("quickstart", [*TINY, f"out_dir={copy}"]), force=True)
+    assert moved is not None and moved.name.startswith("run.old-") and tree(moved) == before
+    assert not copy.exists()
+
+
+def test_an_output_path_that_is_a_file_is_refused(tmp_path, capsys):
+    target = tmp_path / "results.txt"
+    target.write_text("keep me")
+    code, err = run_cli(capsys, "--out", str(target))
+    assert code == 2 and "is a file" in err and target.read_text() == "keep me"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere: there is no unwritable directory to try")
+def test_an_unwritable_output_directory_is_refused(tmp_path, capsys):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        code, err = run_cli(capsys, "--out", str(locked / "run"))
+    finally:
+        locked.chmod(0o700)
+    assert code == 2 and "not writable" in err and not (locked / "run").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
+def test_cuda_without_a_gpu_is_a_config_error(tmp_path, capsys):
+    code, err = run_cli(capsys, "simulation.device=cuda", "--out", str(tmp_path / "run"))
+    assert code == 2 and "simulation.device" in err and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("override", ["train.lr=.inf", "train.momentum=inf", "train.weight_decay=inf",
+                                      "train.lr_decay=inf", "train.lr=nan"])
+def test_non_finite_numbers_are_refused(override, tmp_path, capsys):
+    code, err = run_cli(capsys, override, "--out", str(tmp_path / "run"))
+    assert code == 2 and override.split("=")[0] in err and not (tmp_path / "run").exists()
+
+
+def test_a_head_that_leaves_no_shared_part_is_refused(tmp_path, capsys):
+    code, err = run_cli(capsys, "model.head=[fc1,fc2]", "--out", str(tmp_path / "run"))
+    assert code == 2 and "model.head" in err and "share no parameters" in err
+
+
+def test_a_nan_cell_in_the_data_names_the_file_and_line(tmp_path):
+    for name in ("adult.data", "adult.test"):
+        shutil.copy(shared("adult") / name, tmp_path / name)
+    lines = (tmp_path / "adult.data").read_text().splitlines()
+    lines[2] = "nan" + lines[2][lines[2].index(","):]
+    (tmp_path / "adult.data").write_text("\n".join(lines) + "\n")
+    with pytest.raises(ConfigError, match=r"adult\.data:3: column 'age' is 'nan'; expected a finite number"):
+        validate_with_data(load_config("lg_fair_adult", [f"data.root={tmp_path}"]))
+
+
+def test_an_empty_class_folder_is_named(tmp_path):
+    from PIL import Image
+
+    for split in ("train", "test"):
+        (tmp_path / split / "cat").mkdir(parents=True)
+        Image.new("RGB", (8, 8)).save(tmp_path / split / "cat" / "0.png")
+    (tmp_path / "train" / "dog").mkdir()
+    with pytest.raises(ConfigError, match=r"dog.*has no images"):
+        load_image_folder(tmp_path, {}, tmp_path / "cache", None)
+
+
+def test_a_run_whose_rounds_were_all_skipped_ends_failed(tmp_path):
+    overrides = " ".join([*TINY, "rounds=2", f"out_dir={tmp_path}"])
+    def nan_loss(content):  # every training reply is rejected
+        content["metrics"]["train_loss"] = float("nan")
+
+    grid = LocalGrid(4, {"experiment": "quickstart", "overrides": overrides}, corrupt={p: nan_loss for p in range(4)})
+    summary = Experiment(grid, load_config("quickstart", overrides.split())).run()
+    assert summary["status"] == "failed" and "2 of 2 training rounds were skipped" in summary["failure_reason"]
+    assert _outcome(tmp_path, None) == 1
+
+
+def test_a_stale_summary_is_not_taken_for_the_outcome(finished):
+    assert _outcome(finished, None) == 0
+    assert _outcome(finished, _summary_stamp(finished)) == 1  # no new summary was written
