@@ -14,6 +14,7 @@ import shlex
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
@@ -57,13 +58,17 @@ def load_config(experiment: str, overrides: str | Iterable[str] = ()) -> DictCon
     for path in (CONF_DIR / "base.yaml", exp_path):
         try:
             cfg = OmegaConf.merge(cfg, OmegaConf.load(path))
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML ({_yaml_problem(err)})") from None
         except OmegaConfBaseException as err:
             raise ConfigError(f"{path}: {_explain(err, schema)}") from None
-    items = parse_overrides(overrides)
-    try:
-        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(items))
-    except OmegaConfBaseException as err:
-        raise ConfigError(_explain(err, schema)) from None
+    for item in parse_overrides(overrides):
+        try:
+            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([item]))
+        except yaml.YAMLError as err:
+            raise ConfigError(f"override {item!r}: its value is not valid YAML ({_yaml_problem(err)})") from None
+        except OmegaConfBaseException as err:
+            raise ConfigError(_explain(err, schema)) from None
     missing = sorted(OmegaConf.missing_keys(cfg))
     require(not missing, missing[0] if missing else "", f"no value given (missing keys: {', '.join(missing)})")
     cfg.experiment = experiment
@@ -74,6 +79,13 @@ def load_config(experiment: str, overrides: str | Iterable[str] = ()) -> DictCon
     check_ranges(cfg, schema)
     validate(cfg)
     return cfg
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """A YAML error in one line: what and where (line and column, 1-based)."""
+    mark = getattr(err, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{getattr(err, 'problem', None) or type(err).__name__}{where}"
 
 
 def _explain(err: OmegaConfBaseException, schema: type) -> str:

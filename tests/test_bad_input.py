@@ -151,3 +151,20 @@ def test_a_run_whose_rounds_were_all_skipped_ends_failed(tmp_path):
 def test_a_stale_summary_is_not_taken_for_the_outcome(finished):
     assert _outcome(finished, None) == 0
     assert _outcome(finished, _summary_stamp(finished)) == 1  # no new summary was written
+
+
+def test_a_yaml_syntax_error_names_the_file_and_line(tmp_path, monkeypatch):
+    import flower_app.config as config
+
+    (tmp_path / "experiment").mkdir()
+    shutil.copy(config.CONF_DIR / "base.yaml", tmp_path / "base.yaml")
+    (tmp_path / "experiment" / "broken.yaml").write_text("rounds: 3\ntrain:\n  lr: [0.1,\n")
+    monkeypatch.setattr(config, "CONF_DIR", tmp_path)
+    with pytest.raises(ConfigError, match=r"broken\.yaml: not valid YAML \(.* at line 4, column 1\)"):
+        load_config("broken")
+
+
+@pytest.mark.parametrize("override", ["rounds=[1,", "rounds={a"])
+def test_an_unparsable_override_is_named(override, tmp_path, capsys):
+    code, err = run_cli(capsys, override, "--out", str(tmp_path / "run"))
+    assert code == 2 and f"override {override!r}" in err and not (tmp_path / "run").exists()
