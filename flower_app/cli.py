@@ -8,15 +8,21 @@ import json
 import signal
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from task.errors import ConfigError
 
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
-def _prepare(args: argparse.Namespace, extra: list[str] = (), default_out: Path | None = None):
+
+def _prepare(args: argparse.Namespace, extra: list[str] = (), default_out: Path | None = None,
+             check: Callable[[DictConfig], None] | None = None):
     """Overrides (the output directory fixed in them), the first variant and the output
-    directory, after every check that needs no federation (nothing is written before they
-    pass); None after printing a configuration error."""
+    directory, after every check that needs no federation, ``check`` (the command's own)
+    included: nothing is written before they pass. None after printing a configuration error."""
     from flower_app.config import load_variants
     from flower_app.experiment import output_dir
     from flower_app.server_app import preflight
@@ -30,6 +36,8 @@ def _prepare(args: argparse.Namespace, extra: list[str] = (), default_out: Path 
             where = default_out.resolve() if default_out is not None else output_dir(variants[0])
             overrides.append(f"out_dir={where}")
             variants = load_variants(args.experiment, overrides)
+        if check is not None:
+            check(variants[0])
         moved = preflight(variants, force=bool(getattr(args, "force", False)))
     except ConfigError as err:
         print(f"flrep: configuration error: {err}", file=sys.stderr)
@@ -64,9 +72,10 @@ def _outcome(out: Path, before: tuple[int, int] | None) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from flower_app.simulation import exit_interrupted, run_blocking
+    from flower_app.simulation import check_resources, exit_interrupted, run_blocking
 
-    prepared = _prepare(args)
+    prepared = _prepare(args, check=lambda cfg: check_resources(float(cfg.simulation.client_cpus),
+                                                                  float(cfg.simulation.client_gpus)))
     if prepared is None:
         return 2
     overrides, cfg, out = prepared
@@ -84,8 +93,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except BaseException as err:  # noqa: BLE001 - report any failure as a non-zero exit
         traceback.print_exc()
         print(f"flrep: run failed: {type(err).__name__}: {err}", file=sys.stderr)
-        return 1
-    return _outcome(out, before)
+        exit_interrupted(1)
+    code = _outcome(out, before)
+    if code != 0:  # a failed simulation may leave threads waiting for replies: leave without joining them
+        exit_interrupted(code)
+    return code
 
 
 def _cmd_deploy(args: argparse.Namespace) -> int:

@@ -26,6 +26,7 @@ from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.supercore.telemetry import EventType
 
 from flower_app.config import PROJECT_DIR as APP_DIR
+from task.errors import ConfigError
 
 
 def run_blocking(experiment: str, overrides: list[str], num_supernodes: int, client_cpus: float, client_gpus: float) -> None:
@@ -63,6 +64,22 @@ def run_blocking(experiment: str, overrides: list[str], num_supernodes: int, cli
         server_app_context=context,
         is_app=True,
     )
+
+
+def check_resources(client_cpus: float, client_gpus: float) -> None:
+    """Each simulated ClientApp's resources fit this machine (else Ray's actor pool stays empty
+    and the run would wait forever): a ConfigError naming the key."""
+    cores = os.cpu_count() or 1
+    if client_cpus > cores:
+        raise ConfigError(f"simulation.client_cpus={client_cpus:g}: this machine has {cores} CPU cores; "
+                          f"a ClientApp can ask for at most {cores}")
+    if client_gpus > 0:
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if client_gpus > gpus:
+            raise ConfigError(f"simulation.client_gpus={client_gpus:g}: this machine has {gpus} CUDA GPU(s); "
+                              f"use {'0' if gpus == 0 else f'at most {gpus}'}")
 
 
 def exit_interrupted(code: int) -> NoReturn:

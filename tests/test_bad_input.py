@@ -168,3 +168,10 @@ def test_a_yaml_syntax_error_names_the_file_and_line(tmp_path, monkeypatch):
 def test_an_unparsable_override_is_named(override, tmp_path, capsys):
     code, err = run_cli(capsys, override, "--out", str(tmp_path / "run"))
     assert code == 2 and f"override {override!r}" in err and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("override, key", [("simulation.client_cpus=4096", "simulation.client_cpus"),
+                                           ("simulation.client_gpus=64", "simulation.client_gpus")])
+def test_client_resources_beyond_the_machine_are_refused(override, key, tmp_path, capsys):
+    code, err = run_cli(capsys, override, "--out", str(tmp_path / "run"))
+    assert code == 2 and key in err and "this machine has" in err and not (tmp_path / "run").exists()
