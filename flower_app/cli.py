@@ -102,7 +102,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_deploy(args: argparse.Namespace) -> int:
     from flower_app.certs import load_deployment_keys
-    from flower_app.deployment import LocalDeployment
+    from flower_app.deployment import LocalDeployment, Stopped
 
     prepared = _prepare(args, [f"data.num_clients={args.nodes}"], Path("outputs") / f"{args.experiment}-deploy")
     if prepared is None:
@@ -137,6 +137,10 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"flrep: configuration error: {err}", file=sys.stderr)
         return 2
+    except Stopped as err:
+        print(f"flrep: deployment {err}: the SuperLink, SuperNodes and run it started were stopped; continue "
+              f"with the same command and resume={out}", file=sys.stderr)
+        return 128 + err.signum
     except BaseException as err:  # noqa: BLE001 - report any failure as a non-zero exit
         traceback.print_exc()
         print(f"flrep: deployment failed: {type(err).__name__}: {err}", file=sys.stderr)

@@ -1,6 +1,9 @@
 """A real Flower deployment on this machine: one ``flower-superlink``, N ``flower-supernode``
 processes on loopback, an experiment submitted with ``flwr run``, then a clean shutdown of
-exactly the processes it started (each in its own process group).
+exactly the processes it started (each in its own process group). The shutdown also happens
+when ``flrep`` gets SIGTERM, SIGINT or SIGHUP, or when its parent dies; and on Linux every
+started process gets SIGTERM if ``flrep`` itself is killed. ``<work>/processes.json`` lists the
+PIDs of what it started.
 
 Insecure by default; with the keys of :func:`flower_app.certs.make_deployment_keys` the
 SuperLink serves TLS with SuperNode authentication and every SuperNode's public key is
@@ -9,6 +12,7 @@ registered before it starts. Logs go to ``<work>/<process>.log``.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shlex
@@ -17,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -75,6 +80,41 @@ def check_files(**paths: Path | None) -> None:
             raise ConfigError(f"{option.replace('_', '-')}: {path} does not exist")
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # SIGINT already raises KeyboardInterrupt
+
+
+class Stopped(BaseException):
+    """A signal (or the death of ``flrep``'s parent) asked the deployment to stop."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+def _raise_stopped(signum: int, frame) -> None:
+    raise Stopped(signum)
+
+
+def _watch_parent(parent: int, stop: threading.Event) -> None:
+    """SIGTERM to this process when its parent dies (it is re-parented), so the deployment stops."""
+    while not stop.wait(1.0):
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+
+
+try:  # loaded here, not in the forked child: importing there may deadlock
+    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
+except (OSError, AttributeError):
+    _PRCTL = None
+
+
+def _die_with_parent() -> None:
+    """In a started child (Linux): get SIGTERM when the process that started it dies, even by SIGKILL."""
+    if _PRCTL is not None:
+        _PRCTL(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+
+
 class LocalDeployment:
     """SuperLink + SuperNodes on loopback; use as a context manager (stops what it started)."""
 
@@ -91,10 +131,20 @@ class LocalDeployment:
         self._write_connection()
 
     def __enter__(self) -> LocalDeployment:
+        self._old_handlers: dict[int, object] = {}
+        self._watching = threading.Event()
+        if threading.current_thread() is threading.main_thread():
+            self._old_handlers = {sig: signal.signal(sig, _raise_stopped) for sig in STOP_SIGNALS}
+            threading.Thread(target=_watch_parent, args=(os.getppid(), self._watching), daemon=True).start()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.stop()
+        try:
+            self.stop()
+        finally:
+            self._watching.set()
+            for sig, handler in self._old_handlers.items():
+                signal.signal(sig, handler)
 
     def _env(self) -> dict[str, str]:
         """Flower's processes start more of its commands: they must find this environment's."""
@@ -112,9 +162,14 @@ class LocalDeployment:
         log = self.work / f"{name}.log"
         with log.open("w") as fh:
             process = subprocess.Popen(args, stdout=fh, stderr=subprocess.STDOUT, env=self._env(), cwd=APP_DIR,
-                                       start_new_session=True)
+                                       start_new_session=True, preexec_fn=_die_with_parent)
         self.processes[name] = process
+        self._write_pids()
         return process
+
+    def _write_pids(self) -> None:
+        """``processes.json``: name -> PID (each the leader of its own process group)."""
+        (self.work / "processes.json").write_text(json.dumps({n: p.pid for n, p in self.processes.items()}))
 
     def start_superlink(self, wait_s: float = 60.0) -> None:
         """Start the SuperLink and wait until its port answers."""
@@ -157,8 +212,12 @@ class LocalDeployment:
         """Submit the experiment to the SuperLink and stream its logs until it ends."""
         config = f"experiment={json.dumps(experiment)} overrides={json.dumps(shlex.join(overrides))}"
         args = [tool("flwr"), "run", str(APP_DIR), CONNECTION, "--run-config", config, "--stream"]
-        with (self.work / "run.log").open("w") as fh:
-            subprocess.run(args, env=self._env(), cwd=APP_DIR, timeout=timeout_s, stdout=fh, stderr=subprocess.STDOUT)
+        process = self._start("run", args)  # logs in run.log; stopped with the rest if flrep is stopped
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _signal_group(process, signal.SIGKILL)
+            raise
 
     def stop(self, name: str | None = None) -> None:
         """Stop one process (by name) or all of them, SuperNodes first; SIGTERM, then SIGKILL."""

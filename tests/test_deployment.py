@@ -3,8 +3,13 @@
 registered key joins, an unregistered one is refused), and the start-up checks."""
 
 import json
+import shlex
+import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -156,3 +161,56 @@ def test_a_deployment_stopped_mid_run_resumes_to_the_same_metrics(tmp_path):
 
     assert metrics(cut) == metrics(tmp_path / "whole")
     assert json.loads((cut / "summary.json").read_text())["status"] == "completed"
+
+
+def _state(pid: int) -> str | None:
+    """The process state letter of ``pid`` (None when it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def _left_behind(pgids: set[int], marker: str) -> list[str]:
+    """Live processes in the started process groups, or whose command line names ``marker``."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if fields[0] != "Z" and (int(fields[2]) in pgids or marker in cmdline):
+            found.append(f"{stat.parent.name}: {cmdline[:120]}")
+    return found
+
+
+@pytest.mark.parametrize("how", ["sigterm", "sighup", "parent dies"])
+def test_a_stopped_deploy_leaves_no_process_behind(tmp_path, how):
+    """flrep deploy stopped by a signal, or orphaned by its parent's death, stops the SuperLink,
+    the SuperNodes, the run and their children: nothing it started is left running."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "flower_app.cli", "deploy", "--nodes", "2", "quickstart", *RUN, "rounds=500",
+           "--out", str(out)]
+    launcher = cmd if how != "parent dies" else ["sh", "-c", shlex.join(cmd) + " & wait"]
+    proc = subprocess.Popen(launcher, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    pids_file = out / "deployment" / "processes.json"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and "run" not in (json.loads(pids_file.read_text()) if pids_file.is_file() else {}):
+        time.sleep(0.5)
+    pids = json.loads(pids_file.read_text())
+    assert {"superlink", "supernode-0", "supernode-1", "run"} <= set(pids)
+    port = Path(f"/proc/{pids['superlink']}/cmdline").read_bytes().split(b"\0")
+    marker = f"127.0.0.1:{port[port.index(b'--port') + 1].decode()}"
+    if how == "parent dies":
+        proc.send_signal(signal.SIGKILL)  # the shell: flrep is re-parented
+        proc.wait(timeout=30)
+    else:
+        proc.send_signal(signal.SIGTERM if how == "sigterm" else signal.SIGHUP)
+        assert proc.wait(timeout=90) == 128 + (signal.SIGTERM if how == "sigterm" else signal.SIGHUP)
+        assert "were stopped" in proc.stderr.read().decode()
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and _left_behind(set(pids.values()), marker):
+        time.sleep(0.5)
+    assert _left_behind(set(pids.values()), marker) == []
+    assert all(_state(pid) in (None, "Z") for pid in pids.values())
