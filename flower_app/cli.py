@@ -150,12 +150,17 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
 
 def _cmd_certs(args: argparse.Namespace) -> int:
     from flower_app.certs import make_deployment_keys
+    from flower_app.run_dir import check_writable
 
     try:
+        check_writable(Path(args.out).expanduser().resolve(), "--out")
         keys = make_deployment_keys(Path(args.out), args.nodes, args.host, force=args.force)
     except FileExistsError as err:
         print(f"flrep: configuration error: {err.filename} exists: these keys may be in use; "
               "give another --out, or --force to replace them", file=sys.stderr)
+        return 2
+    except (ConfigError, OSError) as err:
+        print(f"flrep: configuration error: {err}", file=sys.stderr)
         return 2
     print(f"flrep: CA {keys.ca}, SuperLink certificate {keys.server_cert} (hosts {', '.join(args.host)}), "
           f"{len(keys.node_keys)} SuperNode key pairs node-<i>.key / node-<i>.pub in {Path(args.out).resolve()}")
@@ -164,12 +169,14 @@ def _cmd_certs(args: argparse.Namespace) -> int:
 
 def _cmd_split_data(args: argparse.Namespace) -> int:
     from flower_app.config import load_config
+    from flower_app.run_dir import check_writable
     from task.data.node_data import write_partitions
 
     try:
         cfg = load_config(args.experiment, list(args.overrides))
+        check_writable(Path(args.out).expanduser().resolve(), "--out")
         folders = write_partitions(cfg.data, int(cfg.seed), Path(args.out))
-    except ConfigError as err:
+    except (ConfigError, OSError) as err:
         print(f"flrep: configuration error: {err}", file=sys.stderr)
         return 2
     print(f"flrep: {len(folders)} node data folders ({cfg.data.name} format) in {Path(args.out).resolve()}")
@@ -197,6 +204,17 @@ def _cmd_lg_synthetic(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flrep", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -211,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
                                         "on loopback, stopped afterwards")
     dep.add_argument("experiment", help="name of a file in conf/experiment/ (without .yaml)")
     dep.add_argument("overrides", nargs="*", help="dotted key=value overrides")
-    dep.add_argument("--nodes", type=int, required=True, help="number of SuperNodes (= data.num_clients)")
+    dep.add_argument("--nodes", type=_positive_int, required=True, help="number of SuperNodes (= data.num_clients)")
     dep.add_argument("--out", help="output directory (logs of the processes in <out>/deployment)")
     dep.add_argument("--force", action="store_true", help="move an earlier run in the output directory aside")
     dep.add_argument("--tls", help="directory made by 'flrep certs': TLS and SuperNode authentication")
@@ -219,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     dep.set_defaults(func=_cmd_deploy)
     crt = sub.add_parser("certs", help="create a CA, the SuperLink's TLS certificate and SuperNode key pairs")
     crt.add_argument("--out", required=True, help="directory for the files")
-    crt.add_argument("--nodes", type=int, required=True, help="number of SuperNode key pairs")
+    crt.add_argument("--nodes", type=_positive_int, required=True, help="number of SuperNode key pairs")
     crt.add_argument("--host", nargs="+", default=["127.0.0.1", "localhost"],
                      help="SuperLink addresses the certificate is valid for (IPs and names)")
     crt.add_argument("--force", action="store_true", help="replace an existing CA")

@@ -28,15 +28,17 @@ def run_files(out: Path) -> list[Path]:
     return [folder / name for folder in folders for name in RUN_MARKERS if (folder / name).exists()]
 
 
-def check_writable(out: Path) -> None:
+def check_writable(out: Path, key: str = "out_dir") -> None:
     """``out`` is a directory this user can create and write (nothing is created yet)."""
     existing = out
     while not existing.exists():
         existing = existing.parent
     if existing == out and not out.is_dir():
-        raise ConfigError(f"out_dir={str(out)!r} is a file; expected a directory for the run's outputs")
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"out_dir={str(out)!r}: {existing} is not writable by this user")
+        raise ConfigError(f"{key}={str(out)!r} is a file; expected a directory for the outputs")
+    if not existing.is_dir():
+        raise ConfigError(f"{key}={str(out)!r}: {existing} is a file, so the directory cannot be made")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{key}={str(out)!r}: {existing} is not writable by this user")
 
 
 def claim(out: Path) -> None:

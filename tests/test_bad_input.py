@@ -175,3 +175,19 @@ def test_an_unparsable_override_is_named(override, tmp_path, capsys):
 def test_client_resources_beyond_the_machine_are_refused(override, key, tmp_path, capsys):
     code, err = run_cli(capsys, override, "--out", str(tmp_path / "run"))
     assert code == 2 and key in err and "this machine has" in err and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("nodes", ["0", "-1", "x"])
+def test_certs_needs_at_least_one_node(nodes, tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        flrep(["certs", "--out", str(tmp_path / "keys"), "--nodes", nodes])
+    assert info.value.code == 2 and "--nodes" in capsys.readouterr().err and not (tmp_path / "keys").exists()
+
+
+@pytest.mark.parametrize("command", [["certs", "--nodes", "2"], ["split-data", "quickstart"]])
+def test_an_output_under_a_file_is_named_not_a_traceback(command, tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("keep me")
+    assert flrep([*command, "--out", str(blocker / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "--out" in err and "Traceback" not in err and blocker.read_text() == "keep me"
