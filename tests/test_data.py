@@ -287,6 +287,14 @@ def test_cifar10_pickles(tmp_path):
     assert b.meta["class_names"] == CIFAR10_NAMES
 
 
+def test_a_bad_cifar_label_names_its_batch_file_and_index(tmp_path):
+    write_cifar10_pickles(tmp_path / "cifar-10-batches-py")
+    with open(tmp_path / "cifar-10-batches-py" / "data_batch_4", "wb") as fh:
+        pickle.dump({b"data": np.zeros((4, 3072), np.uint8), b"labels": [0, 1, 10, 2]}, fh)
+    with pytest.raises(ConfigError, match=r"data_batch_4: label 10 at index 2 is outside 0\.\.9"):
+        load_source({"name": "cifar10", "root": str(tmp_path), "cache_dir": str(tmp_path / "c")})
+
+
 def test_cifar100_pickles(tmp_path):
     d = tmp_path / "cifar-100-python"
     d.mkdir()

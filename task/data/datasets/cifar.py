@@ -52,13 +52,15 @@ def load_cifar(name: str, root: Path, data_cfg: Mapping, cache_dir: Path) -> Dat
         if d.is_dir() and all((d / f).is_file() for f in train_files + test_files):
             parts_tr = [_unpickle(d / f, key) for f in train_files]
             parts_te = [_unpickle(d / f, key) for f in test_files]
+            for f, (_, y) in zip(train_files + test_files, parts_tr + parts_te):
+                bad = np.flatnonzero((y < 0) | (y >= ncls))
+                if bad.size:
+                    raise ConfigError(f"{d / f}: label {int(y[bad[0]])} at index {int(bad[0])} is outside "
+                                      f"0..{ncls - 1} ({bad.size} such labels)")
             xtr = np.concatenate([p[0] for p in parts_tr])
             ytr = np.concatenate([p[1] for p in parts_tr])
             xte = np.concatenate([p[0] for p in parts_te])
             yte = np.concatenate([p[1] for p in parts_te])
-            for f, y in ((d / train_files[0], ytr), (d / test_files[0], yte)):
-                if y.size and (y.min() < 0 or y.max() >= ncls):
-                    raise ConfigError(f"{f}: labels outside 0..{ncls - 1}")
             names = list(CIFAR10_CLASSES) if name == "cifar10" else None
             return image_bundle(xtr, ytr, xte, yte, ncls, names)
     try:
