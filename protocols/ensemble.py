@@ -3,14 +3,18 @@ server averages the logits of all local models (each over the current global par
 global test set.
 
 It applies to algorithms whose server half answers ``local_part_messages`` (LG-FedAvg's local
-parts, Local-only's whole models) and whose clients answer ``query.localpart``.
+parts, Local-only's whole models) and whose clients answer ``query.localpart``. Because it
+uploads what otherwise never leaves a client, it runs only when asked (``new_test.enabled``,
+on in the configs that reproduce the paper's tables) and says so in the log.
 """
 
 from __future__ import annotations
 
-from logging import INFO
+from dataclasses import dataclass
+from logging import INFO, WARNING
 
 from flwr.common.logger import log
+from omegaconf import MISSING
 
 from protocols.base import PaperProtocol
 from strategies import ALGORITHMS
@@ -19,13 +23,21 @@ from strategies.services import Services
 from task.learning.engine import predict
 
 
+@dataclass
+class NewTestConfig:
+    """``new_test.*``."""
+
+    enabled: bool = MISSING  # upload every client's own part once after training (the paper's New Test)
+
+
 class NewTest(PaperProtocol):
     """The ensemble of all clients' own models on the global test set."""
 
     name = "new_test"
+    config = NewTestConfig
 
     def active(self, services: Services) -> bool:
-        return "query.localpart" in ALGORITHMS[services.cfg.algorithm].handlers
+        return bool(services.cfg.new_test.enabled) and "query.localpart" in ALGORITHMS[services.cfg.algorithm].handlers
 
     def after_training(self, services: Services) -> dict:
         t = int(services.cfg.rounds)
@@ -33,6 +45,8 @@ class NewTest(PaperProtocol):
         if messages is None:
             return {"round": t, "phase": "newtest",
                     "note": "training never left the FedAvg warm start: New Test equals the global accuracy"}
+        log(WARNING, "[flrep] New Test (new_test.enabled): %d clients upload their own local part once, which "
+            "otherwise never leaves them", len(messages))
         replies, failed = services.send(messages, "newtest")
         evaluator = services.evaluator
         test = evaluator.split(services.data.global_test)

@@ -34,18 +34,19 @@ CASES: dict[str, tuple[str, str]] = {
     "fedrep-newclients": ("quickstart", f"{TINY} algorithm=fedrep data.num_clients=8 data.num_new_clients=2 "
                                         "new_clients.epochs=2"),
     "fedper": ("quickstart", f"{TINY} algorithm=fedper"),
-    "lg_fedavg": ("quickstart", f"{TINY} algorithm=lg_fedavg lg.fedavg_rounds=1 lg.global_part=[fc2]"),
+    "lg_fedavg": ("quickstart", f"{TINY} algorithm=lg_fedavg lg.fedavg_rounds=1 lg.global_part=[fc2] new_test.enabled=true"),
     "lg_fedavg-online": ("quickstart", f"{TINY} algorithm=lg_fedavg lg.fedavg_rounds=1 lg.global_part=[fc2] rounds=2 "
+                                       "new_test.enabled=true "
                                        "data.online_device.enabled=true data.online_device.train_size=100 "
                                        "data.online_device.test_size=30 online.rounds=2 online.fraction=0.4"),
-    "local_only": ("quickstart", f"{TINY} algorithm=local_only"),
+    "local_only": ("quickstart", f"{TINY} algorithm=local_only new_test.enabled=true"),
     "tct": ("quickstart", f"{TINY} algorithm=tct tct.stage1_rounds=1 tct.features=64 tct.local_steps=2 rounds=3"),
     "local_update-adam": ("quickstart", f"{TINY} algorithm=local_update local_update.steps=3 server_opt.name=adam "
                                         "server_opt.lr=0.01"),
     "local_update-maml": ("quickstart", f"{TINY} algorithm=local_update local_update.preset=maml local_update.steps=2"),
     "linear_fedrep": ("linear_fedrep", "wandb.enabled=false compare=[] rounds=3 data.num_clients=10 "
                                        "eval.final_window=2"),
-    "lg_fair_adult": ("lg_fair_adult", "wandb.enabled=false compare=[] rounds=3 lg.fedavg_rounds=1 "
+    "lg_fair_adult": ("lg_fair_adult", "wandb.enabled=false compare=[] rounds=3 lg.fedavg_rounds=1 new_test.enabled=true "
                                        "data.num_clients=4 train.fraction=0.5 eval.final_window=2 "
                                        "fair.pretrain_epochs=1 fair.postfit_epochs=1 train.local_epochs=1"),
 }

@@ -66,6 +66,7 @@ def test_quickstart_logs_progress_with_eta_and_output_path(quickstart_run):
 
 def test_local_only_runs_without_a_global_model(tmp_path):
     proc = flrep_run("quickstart", "algorithm=local_only", "compare=[]", "rounds=2", "eval.final_window=1",
+                     "new_test.enabled=true",
                      "wandb.enabled=false", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())

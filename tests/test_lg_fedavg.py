@@ -30,7 +30,7 @@ def test_presets_match_the_paper_and_the_official_code():
 
 def run_lg(tmp_path, extra=""):
     overrides = (f"wandb.enabled=false out_dir={tmp_path} algorithm=lg_fedavg compare=[] lg.global_part=[fc2] "
-                 f"lg.fedavg_rounds=3 lg.goal_accuracy=null rounds=6 {extra}")
+                 f"lg.fedavg_rounds=3 lg.goal_accuracy=null rounds=6 new_test.enabled=true {extra}")
     grid = LocalGrid(20, {"experiment": "quickstart", "overrides": overrides})
     summary = run_variants(grid, load_variants("quickstart", overrides))
     return grid, summary
@@ -106,7 +106,7 @@ def test_lg_config_errors_name_the_key():
 
 
 def test_local_only_new_test_ensembles_the_clients_own_models(tmp_path):
-    overrides = f"wandb.enabled=false out_dir={tmp_path} algorithm=local_only compare=[] rounds=3"
+    overrides = f"wandb.enabled=false out_dir={tmp_path} algorithm=local_only compare=[] rounds=3 new_test.enabled=true"
     grid = LocalGrid(20, {"experiment": "quickstart", "overrides": overrides})
     summary = run_variants(grid, load_variants("quickstart", overrides))
     sent_models = [r for r in grid.replies if ARRAYS in r.content and len(r.content[ARRAYS]) > 0]
@@ -162,3 +162,12 @@ def test_rotated_device_holds_rotated_copies():
         rotated_back = np.rot90(x[i], k=-1, axes=(1, 2))
         assert any(np.array_equal(rotated_back, o) for o in original)
     assert max(max(p) for p in fed.client_train[:20]) < len(original)
+
+
+def test_local_parts_never_leave_a_client_unless_new_test_is_enabled(tmp_path):
+    overrides = f"wandb.enabled=false out_dir={tmp_path} algorithm=local_only compare=[] rounds=2"
+    grid = LocalGrid(20, {"experiment": "quickstart", "overrides": overrides})
+    summary = run_variants(grid, load_variants("quickstart", overrides))
+    assert not any(ARRAYS in r.content and len(r.content[ARRAYS]) > 0 for r in grid.replies)
+    assert summary["params_up"] == 0 and "new_test_accuracy" not in summary
+    assert not any(m.metadata.message_type == "query.localpart" for m in grid.sent)
