@@ -4,9 +4,10 @@ A ClientApp mod: the start-up handshake (``query.info``) names the snapshot fold
 the run resumes, the round to restore; after every training or evaluation
 message (and TCT's ``query.entk``) the client writes its state for the round, ``round<t>.pt`` under
 ``<folder>/client<partition id>/`` (the newest two are kept). The folder is the node
-config's ``state-dir``/checkpoints/<run name> when the SuperNode has one, else the one the
-server names (``<out_dir>/checkpoint/clients``: simulation and loopback deployments share
-the server's disk). Arrays kept on disk are hard-linked into the snapshot (their files are
+config's ``state-dir``/checkpoints/<run name> when the SuperNode has one; in ``flrep run``'s
+simulation, whose nodes share the server's disk, the one the server names
+(``<out_dir>/checkpoint/clients``); on any other node ``~/.cache/flrep/node-state/checkpoints/
+<run name>``. A deployed node never writes to a path the server sends. Arrays kept on disk are hard-linked into the snapshot (their files are
 replaced, never rewritten, so the link keeps the round's content).
 """
 
@@ -25,7 +26,7 @@ from flwr.common.logger import log
 from flower_app.config import run_config_of
 from strategies import ALGORITHMS
 from strategies.common import CONFIG
-from strategies.state_store import save_atomic
+from strategies.state_store import NODE_DEFAULT, in_simulation, safe_name, save_atomic
 
 LOCATION = "flrep-checkpoint"  # context.state entry: where this node's snapshots go
 KEEP = 2
@@ -59,9 +60,12 @@ def _client_dir(context: Context) -> Path:
 
 
 def _remember(context: Context, config: ConfigRecord) -> None:
-    folder = Path(str(config["checkpoint-dir"]))
-    if "state-dir" in context.node_config:
-        folder = Path(str(context.node_config["state-dir"])).expanduser() / "checkpoints" / str(config["checkpoint-key"])
+    if "state-dir" not in context.node_config and in_simulation():
+        folder = Path(str(config["checkpoint-dir"]))  # flrep's simulated nodes share the server's disk
+    else:
+        state_dir = context.node_config.get("state-dir")
+        folder = (Path(str(state_dir)).expanduser() if state_dir else NODE_DEFAULT.expanduser()) / "checkpoints"
+        folder = folder / safe_name(str(config.get("checkpoint-key", "run")))
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:

@@ -26,6 +26,7 @@ from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.supercore.telemetry import EventType
 
 from flower_app.config import PROJECT_DIR as APP_DIR
+from strategies.state_store import SIMULATION_ENV
 from task.errors import ConfigError
 
 
@@ -49,6 +50,7 @@ def run_blocking(experiment: str, overrides: list[str], num_supernodes: int, cli
         state=RecordDict(),
         run_config=get_fused_config_from_dir(APP_DIR, override),
     )
+    os.environ[SIMULATION_ENV] = "1"  # the simulated nodes (Ray workers inherit it) share this machine's disk
     backend_config = {
         "client_resources": {"num_cpus": client_cpus, "num_gpus": client_gpus},
         "init_args": {"logging_level": "ERROR", "log_to_driver": True},

@@ -4,14 +4,17 @@ pickled through the simulation every round.
 
 Files live in one folder per run and client (partition id, not node id: a restarted
 SuperNode gets a new node id but serves the same client) under the node config's
-``state-dir`` when the SuperNode has one, else under ``client_state.dir`` (default
-``<data.cache_dir>/client-state``). A node with a ``state-dir`` keeps all its state on
+``state-dir`` when the SuperNode has one; in ``flrep run``'s simulation (whose nodes share the
+server's disk) under ``client_state.dir`` (default ``<data.cache_dir>/client-state``); on any
+other node under its user's ``~/.cache/flrep/node-state``: a node never writes where the
+server's configuration says. A node with a ``state-dir`` keeps all its state on
 disk, so a restarted SuperNode of the same run finds it again;
 ``client_state.disk_above_bytes`` is otherwise the size from which arrays go to disk.
 """
 
 from __future__ import annotations
 
+import os
 from logging import INFO
 from pathlib import Path
 
@@ -22,17 +25,42 @@ from flwr.common.logger import log
 from strategies.common import ClientRuntime
 
 
-def state_root(cfg, node_state_dir: str | None = None) -> Path:
-    """The node's ``state-dir``, or ``client_state.dir``, or ``<data.cache_dir>/client-state``."""
+#: Set (to 1) by ``flrep run`` for the nodes of its simulation, which share the server's disk.
+SIMULATION_ENV = "FLREP_SIMULATION"
+#: Where a deployed node without a ``state-dir`` keeps its state: its own user's cache.
+NODE_DEFAULT = Path("~/.cache/flrep/node-state")
+
+
+def in_simulation() -> bool:
+    """Whether this process serves simulated nodes of ``flrep run`` (see :data:`SIMULATION_ENV`)."""
+    return os.environ.get(SIMULATION_ENV) == "1"
+
+
+def state_root(cfg) -> Path:
+    """The run config's folder for state files: ``client_state.dir`` or ``<data.cache_dir>/client-state``
+    (the server's files; simulated nodes', which share the server's disk)."""
+    return Path(str(cfg.client_state.dir or Path(str(cfg.data.cache_dir)).expanduser() / "client-state")).expanduser()
+
+
+def node_root(cfg, node_state_dir: str | None) -> Path:
+    """Where a node writes: its own ``state-dir``; in ``flrep run``'s simulation :func:`state_root`;
+    otherwise its user's default (:data:`NODE_DEFAULT`). A deployed node never writes to a path
+    the server chose."""
     if node_state_dir:
         return Path(node_state_dir).expanduser()
-    return Path(str(cfg.client_state.dir or Path(str(cfg.data.cache_dir)).expanduser() / "client-state")).expanduser()
+    return state_root(cfg) if in_simulation() else NODE_DEFAULT.expanduser()
+
+
+def safe_name(text: str) -> str:
+    """``text`` as one harmless path component (a name from the server must not walk the node's disk)."""
+    name = "".join(c if c.isalnum() or c in "-_.+" else "_" for c in str(text)).lstrip(".")
+    return name or "run"
 
 
 def node_file(rt: ClientRuntime, name: str, suffix: str = ".pt") -> Path:
     """This run variant's file ``name`` in the client's state directory (one folder per run and client)."""
-    safe = rt.state_key(name).replace("/", "__")
-    return state_root(rt.cfg, rt.state_dir) / f"run{rt.run_id}-client{rt.partition_id}" / f"{safe}{suffix}"
+    safe = safe_name(rt.state_key(name).replace("/", "__"))
+    return node_root(rt.cfg, rt.state_dir) / f"run{rt.run_id}-client{rt.partition_id}" / f"{safe}{suffix}"
 
 
 def keep_arrays(rt: ClientRuntime, name: str, tensors: dict[str, torch.Tensor]) -> None:

@@ -13,3 +13,11 @@ def flower_task_identity():
     TaskIdentity.run_id = 1
     TaskIdentity.node_id = SUPERLINK_NODE_ID
     yield
+
+
+@pytest.fixture(autouse=True)
+def simulated_nodes(monkeypatch):
+    """The tests' in-process nodes are simulated nodes of ``flrep run``: they share the server's disk."""
+    from strategies.state_store import SIMULATION_ENV
+
+    monkeypatch.setenv(SIMULATION_ENV, "1")
