@@ -8,8 +8,8 @@ import pytest
 from flwr.app import Context, Message, RecordDict
 
 from flower_app.config import load_config
-from flower_app.config import variants_from_run_config
-from flower_app.server_app import Experiment, run_variants
+from flower_app.config import load_variants, variants_from_run_config
+from flower_app.server_app import Experiment, preflight, run_variants
 from task.errors import ConfigError
 from tests.local_grid import LocalGrid
 
@@ -154,11 +154,17 @@ def test_a_comparison_resumes_each_variant_from_its_own_folder(tmp_path, stop_va
             == {v: {k: x for k, x in row.items() if k not in drop} for v, row in whole["comparison"].items()})
 
 
-def test_a_fresh_run_in_an_old_folder_drops_the_old_snapshots(tmp_path):
+def test_a_fresh_run_never_meets_an_old_runs_snapshots(tmp_path):
+    """A new run is refused in an old run's folder; moved aside (--force), the old run keeps its
+    snapshots and the new one starts without them."""
     common = f"{BASE} algorithm=fedrep rounds=2 out_dir={tmp_path / 'run'}"
     _run(LocalGrid, common)
     stale = tmp_path / "run" / "checkpoint" / "clients" / "client0" / "round000099.pt"
     stale.write_bytes(b"an older run's snapshot")
+    with pytest.raises(ConfigError, match="holds an earlier run"):
+        _run(LocalGrid, f"{common} train.lr=0.2")
+    moved = preflight(load_variants("quickstart", f"{common} train.lr=0.2"), force=True)
     _run(LocalGrid, f"{common} train.lr=0.2")
+    assert (moved / stale.relative_to(tmp_path / "run")).read_bytes() == b"an older run's snapshot"
     assert not stale.exists()
     assert (tmp_path / "run" / "checkpoint" / "server.pt").is_file()
