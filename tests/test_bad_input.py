@@ -191,3 +191,21 @@ def test_an_output_under_a_file_is_named_not_a_traceback(command, tmp_path, caps
     assert flrep([*command, "--out", str(blocker / "out")]) == 2
     err = capsys.readouterr().err
     assert "--out" in err and "Traceback" not in err and blocker.read_text() == "keep me"
+
+
+def test_non_finite_float_data_names_the_split_and_first_sample():
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from flower_app.config import _check_finite
+
+    x = np.zeros((10_000, 3), np.float32)
+    x[5_000, 1] = np.inf
+    split = SimpleNamespace(x=x, y=np.zeros(10_000, np.int64))
+    clean = SimpleNamespace(x=np.zeros((5, 3), np.float32), y=np.zeros(5, np.int64))
+    with pytest.raises(ConfigError, match="the train split's inputs hold NaN or Inf, first at sample 5000"):
+        _check_finite(load_config("quickstart"), SimpleNamespace(train=split, test=clean))
+    targets = SimpleNamespace(x=clean.x, y=np.array([0.0, 1.0, np.nan, 0.0, 0.0]))
+    with pytest.raises(ConfigError, match="the test split's targets hold NaN or Inf, first at sample 2"):
+        _check_finite(load_config("quickstart"), SimpleNamespace(train=clean, test=targets))
