@@ -89,7 +89,7 @@ def test_maml_client_equals_local_update_with_theta_2k_plus_1(tmp_path):
 def test_local_update_converges_to_the_surrogate_minimizer_not_to_x_star(tmp_path):
     gamma, K = 0.05, 8
     theta = Theta.prefix(K)
-    experiment, fed = _experiment(tmp_path, f"local_update.steps={K} local_update.client_lr={gamma}", rounds=1)
+    experiment, fed = _experiment(tmp_path / "probe", f"local_update.steps={K} local_update.client_lr={gamma}", rounds=1)
     H = surrogate_hessian(fed, 0.0, gamma, theta)
     lam = np.linalg.eigvalsh(H)
     lr, _ = tuned_server(lam[0], lam[-1], "none")
