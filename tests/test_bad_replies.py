@@ -92,14 +92,17 @@ WITH_ARRAYS = [drop_array, wrong_shape, wrong_dtype, nan_array, inf_last_record,
 ANY_REPLY = [negative_examples, nan_metric, no_metrics]
 
 
+def _started(tmp_path, algorithm: str, rounds: int, extra: str):
+    """An in-process experiment of 4 clients, its grid and its started federation."""
+    overrides = f"{BASE} algorithm={algorithm} rounds={rounds} {extra} out_dir={tmp_path}"
+    grid = LocalGrid(4, {"experiment": "quickstart", "overrides": overrides})
+    experiment = Experiment(grid, load_config("quickstart", overrides.split()))
+    return experiment, grid, experiment.start_federation()
+
+
 def _round(tmp_path, name: str, fail=(), corrupt=None):
     extra, rounds = ALGORITHMS[name]
-    algorithm = name.split("-")[0]
-    overrides = f"{BASE} algorithm={algorithm} rounds={rounds} {extra} out_dir={tmp_path}"
-    cfg = load_config("quickstart", overrides.split())
-    grid = LocalGrid(4, {"experiment": "quickstart", "overrides": overrides})
-    experiment = Experiment(grid, cfg)
-    fed = experiment.start_federation()
+    experiment, grid, fed = _started(tmp_path, name.split("-")[0], rounds, extra)
     for t in range(1, rounds + 1):
         experiment.strategy.prepare_round(t, experiment.services)
         last = t == rounds
@@ -220,11 +223,7 @@ def test_after_a_rejected_reply_c_is_exactly_the_mean_of_the_clients_c_i(tmp_pat
     rejected; the server never absorbs its Δc_i. In the next round the client must start from the
     c_i the server counts, so that after it c = Σ π_i c_i (π_i = 1/N) to float tolerance."""
     extra = {"scaffold": "", "tct": "tct.stage1_rounds=1 tct.features=64 tct.local_steps=2"}[name]
-    overrides = f"{BASE} algorithm={name} rounds={rounds} {extra} out_dir={tmp_path}"
-    cfg = load_config("quickstart", overrides.split())
-    grid = LocalGrid(4, {"experiment": "quickstart", "overrides": overrides})
-    experiment = Experiment(grid, cfg)
-    fed = experiment.start_federation()
+    experiment, grid, fed = _started(tmp_path, name, rounds, extra)
     for t in range(1, rounds + 1):
         experiment.strategy.prepare_round(t, experiment.services)
         grid.corrupt = {1: nan_metric} if t == rounds - 1 else {}
