@@ -183,6 +183,25 @@ def _cmd_split_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_round(args: argparse.Namespace) -> int:
+    from flower_app.bench_round import bench_round, table
+    from flower_app.simulation import exit_interrupted
+
+    try:
+        report = bench_round(args.experiment, list(args.overrides), args.rounds)
+    except ConfigError as err:
+        print(f"flrep: configuration error: {err}", file=sys.stderr)
+        return 2
+    except BaseException as err:  # noqa: BLE001 - a failed benchmark run: leave without waiting threads
+        print(f"flrep: bench-round failed: {type(err).__name__}: {err}", file=sys.stderr)
+        exit_interrupted(1)
+    print(table(report))
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+        print(f"flrep: report in {Path(args.out).resolve()}")
+    return 0
+
+
 def _cmd_list(args: argparse.Namespace) -> int:
     from flower_app.config import experiment_names
     from strategies import ALGORITHMS
@@ -225,6 +244,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--force", action="store_true", help="move an earlier run in the output directory aside "
                      "(to <dir>.old-<time>; nothing is deleted) instead of refusing to start")
     run.set_defaults(func=_cmd_run)
+    bench = sub.add_parser("bench-round", help="run a few rounds in the simulation engine and report where the time "
+                                               "went (engine start-up, server phases, clients' setup/compute/snapshots)")
+    bench.add_argument("experiment", help="name of a file in conf/experiment/ (without .yaml)")
+    bench.add_argument("overrides", nargs="*", help="dotted key=value overrides")
+    bench.add_argument("--rounds", type=_positive_int, default=3, help="rounds to run (default 3)")
+    bench.add_argument("--out", help="also write the report as JSON to this file")
+    bench.set_defaults(func=_cmd_bench_round)
     dep = sub.add_parser("deploy", help="run an experiment on a real local deployment: a SuperLink and N SuperNodes "
                                         "on loopback, stopped afterwards")
     dep.add_argument("experiment", help="name of a file in conf/experiment/ (without .yaml)")

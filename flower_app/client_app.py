@@ -8,6 +8,7 @@ common initial weights.
 from __future__ import annotations
 
 import functools
+import time
 
 import numpy as np
 import torch
@@ -17,6 +18,7 @@ from flwr.clientapp.client_app import DEFAULT_ACTION
 
 from flower_app.client_checkpoint import snapshot_mod
 from flower_app.config import head_groups, initial_model, pick_device, run_config_of
+from flower_app.timing import stamp
 from protocols import PROTOCOLS
 from strategies import ALGORITHMS
 from strategies.common import ARRAYS, ClientRuntime, reply, round_config
@@ -118,7 +120,9 @@ def info(msg: Message, context: Context) -> Message:
 
 
 def _route(msg: Message, context: Context) -> Message:
-    """Answer ``msg`` with the handler its message type has in the run's algorithm or a protocol."""
+    """Answer ``msg`` with the handler its message type has in the run's algorithm or a protocol
+    (the reply reports the seconds of runtime setup and of the handler, see :mod:`flower_app.timing`)."""
+    start = time.perf_counter()
     rt = runtime_for(context, msg.content)
     kind = msg.metadata.message_type
     handler = ALGORITHMS[rt.cfg.algorithm].handlers.get(kind) or PROTOCOL_HANDLERS.get(kind)
@@ -126,7 +130,11 @@ def _route(msg: Message, context: Context) -> Message:
         if kind != "evaluate":
             raise ValueError(f"{kind} has no handler in algorithm {rt.cfg.algorithm!r} or any protocol")
         handler = evaluate_global_model
-    return Message(content=handler(rt, msg.content), reply_to=msg)
+    ready = time.perf_counter()
+    content = handler(rt, msg.content)
+    stamp(content, "setup_s", ready - start)
+    stamp(content, "compute_s", time.perf_counter() - ready)
+    return Message(content=content, reply_to=msg)
 
 
 def evaluate_global_model(rt: ClientRuntime, content: RecordDict) -> RecordDict:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from logging import INFO, WARNING
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from flwr.clientapp.typing import ClientAppCallable
 from flwr.common.logger import log
 
 from flower_app.config import run_config_of
+from flower_app.timing import stamp
 from strategies import ALGORITHMS
 from strategies.common import CONFIG
 from strategies.state_store import NODE_DEFAULT, in_simulation, safe_name, save_atomic
@@ -40,8 +42,10 @@ def snapshot_mod(msg: Message, context: Context, call_next: ClientAppCallable) -
         _remember(context, config)
     reply = call_next(msg, context)
     if kind in _snapshot_types(context, config.get("variant")) and not reply.has_error() and LOCATION in context.state:
+        start = time.perf_counter()
         try:
             _snapshot(context, str(config.get("variant", "")), int(config.get("server-round", 0)))
+            stamp(reply.content, "snapshot_s", time.perf_counter() - start)
         except OSError as err:  # the reply is sound; only a resume would miss this round's state
             log(WARNING, "client %s: state of round %s not snapshotted: %s", context.node_config.get("partition-id"),
                 config.get("server-round"), err)

@@ -23,6 +23,7 @@ from flower_app.config import clients_per_round, pick_device, validate_with_data
 from flower_app.federation import Federation, NodeSubset, Traffic, connect, rejoin
 from flower_app.results import RunRecorder
 from flower_app.services import RunServices
+from flower_app.timing import PhaseTimer
 from flower_app.tracking import Tracker
 from protocols import PROTOCOLS
 from strategies import ALGORITHMS
@@ -54,8 +55,11 @@ class Experiment:
     def __init__(self, grid: Grid, cfg: DictConfig) -> None:
         self.grid, self.cfg = grid, cfg
         self.start = time.monotonic()
+        self.started_at = time.time()
+        self.timer = PhaseTimer()
         self.algorithm: Algorithm = ALGORITHMS[cfg.algorithm]
-        self.data, self.model = validate_with_data(cfg)
+        with self.timer.phase("start: data and model"):
+            self.data, self.model = validate_with_data(cfg)
         held_out = set(self.data.new_clients) | {self.data.online_device}
         self.trainable = [p for p in range(self.data.num_clients) if p not in held_out]
         self.last_main_round = int(cfg.rounds)
@@ -128,7 +132,8 @@ class Experiment:
             record["skipped"] = True
             self.strategy.aggregate_skipped(t, replies)  # state the clients already committed
             return record
-        new_arrays, metrics = self.strategy.aggregate_train(t, replies)
+        with self.timer.phase("round: aggregate"):
+            new_arrays, metrics = self.strategy.aggregate_train(t, replies)
         if new_arrays is not None:
             for key in new_arrays:
                 self.arrays[key] = new_arrays[key]
@@ -141,7 +146,8 @@ class Experiment:
         record: dict = {"round": t, "phase": "eval"}
         # nodes with their own data: the server's copy has none of their test splits to score
         client_idx = {} if fed.own_data else {p: self.data.client_test[p] for p in pids}
-        scores = self.strategy.evaluate_on_server(t, self.arrays, self.data.global_test, client_idx)
+        with self.timer.phase("round: server evaluation"):
+            scores = self.strategy.evaluate_on_server(t, self.arrays, self.data.global_test, client_idx)
         if scores is not None:  # the strategy scores its own (non-model) arrays, e.g. TCT's stage 2
             record["global_accuracy"], record["global_loss"] = scores["global_accuracy"], scores["global_loss"]
             accs, losses, failed = scores["accuracy"], scores["loss"], {}
@@ -162,8 +168,9 @@ class Experiment:
         """Global metrics of the server's model into ``record``; personalized accuracy and loss
         per client (on the server, or by the clients when the algorithm or a protocol needs it)."""
         if self.algorithm.shared_keys is not None and self.strategy.has_global_model(t):
-            self.evaluator.load(self.arrays)
-            record["global_accuracy"], record["global_loss"] = self.evaluator.global_metric()
+            with self.timer.phase("round: server evaluation"):
+                self.evaluator.load(self.arrays)
+                record["global_accuracy"], record["global_loss"] = self.evaluator.global_metric()
         on_clients = (self.algorithm.evaluates_on_clients or fed.own_data
                       or any(p.clients_evaluate(self.services) for p in self.protocols))
         replies, failed = [], {}
@@ -176,7 +183,8 @@ class Experiment:
             replies, failed = self.services.send(messages, "evaluate")
             accs, losses = self.services.metric_of(replies, "accuracy"), self.services.metric_of(replies, "loss")
         else:
-            accs, losses = self.evaluator.per_client(pids)
+            with self.timer.phase("round: server evaluation"):
+                accs, losses = self.evaluator.per_client(pids)
         for protocol in self.protocols:
             protocol.on_evaluate(t, record, replies, self.services)
         return accs, losses, failed
@@ -201,9 +209,10 @@ class Experiment:
     # -- main loop ------------------------------------------------------------------------
     def start_federation(self) -> Federation:
         """Connect to the nodes (handshake), restore a resumed strategy, tell it who the nodes are."""
-        fed = connect(self.grid, self.data.num_clients, self.traffic, float(self.cfg.faults.node_wait_s),
-                      self.handshake(self.next_round - 1 if self.resumed is not None else -1),
-                      self.services.reply_timeout)
+        with self.timer.phase("start: handshake"):
+            fed = connect(self.grid, self.data.num_clients, self.traffic, float(self.cfg.faults.node_wait_s),
+                          self.handshake(self.next_round - 1 if self.resumed is not None else -1),
+                          self.services.reply_timeout)
         self.fed = fed
         if self.resumed is not None:
             self.strategy.load_state_dict(self.resumed["strategy"], fed.node_of)
@@ -228,7 +237,8 @@ class Experiment:
         loop_start, first_round = time.monotonic(), self.next_round
         for t in range(self.next_round, 0 if self.main_done else rounds + 1):
             self.adopt_restarted(t, fed)
-            phase_record = self.strategy.prepare_round(t, self.services)
+            with self.timer.phase("round: prepare"):
+                phase_record = self.strategy.prepare_round(t, self.services)
             if phase_record is not None:
                 self.log_record(phase_record)
             self.log_record(self.train_round(t, fed), track="train")
@@ -240,13 +250,15 @@ class Experiment:
                 if any(p.ends_main_phase(eval_record, self.services) for p in self.protocols):
                     self.last_main_round, self.main_done = t, True
             self.main_done = self.main_done or t == rounds
-            self.save_checkpoint(t, fed)
+            with self.timer.phase("round: checkpoint"):
+                self.save_checkpoint(t, fed)
             if self.main_done:
                 break
         for protocol in self.protocols:
             protocol.after_main(self.services)
         for protocol in self.protocols:
-            record = protocol.after_training(self.services)
+            with self.timer.phase(f"after training: {protocol.name}"):
+                record = protocol.after_training(self.services)
             if record is not None:
                 self.log_record(record)
         summary = self.summary()
@@ -290,6 +302,8 @@ class Experiment:
             "failed_client_replies": sum(len(r.get("failed_clients", [])) for r in records),
             "rounds_skipped": [r["round"] for r in trains if r.get("skipped")],
             "wall_time_s": time.monotonic() - self.start,
+            "started_at": self.started_at,
+            "timings": self.timer.as_dict(),
             "out_dir": str(self.out_dir),
         }
         summary.update(self.traffic.as_dict())

@@ -14,6 +14,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from flower_app.reply_check import reply_problem
+from flower_app.timing import PhaseTimer
 from strategies.common import CONFIG, METRICS
 from strategies.services import TemplateFn
 from task.errors import ConfigError
@@ -189,14 +190,17 @@ def _ask_partitions(grid: Grid, nodes: list[int], traffic: Traffic, handshake: C
 
 
 def exchange(grid: Grid, messages: list[Message], traffic: Traffic, fed: Federation, phase: str,
-             template: TemplateFn | None = None, timeout: float | None = None) -> tuple[list[Message], dict[int, str]]:
+             template: TemplateFn | None = None, timeout: float | None = None,
+             timer: PhaseTimer | None = None) -> tuple[list[Message], dict[int, str]]:
     """Send, receive, count traffic and screen the replies (see :mod:`flower_app.reply_check`;
-    ``template`` gives the arrays a training reply must carry). Returns the sound replies,
+    ``template`` gives the arrays a training reply must carry; the clients' timings go to ``timer``). Returns the sound replies,
     sorted by partition id, and why each other client failed (partition id -> reason): an
     error reply, no reply within ``timeout`` seconds, or a rejected reply."""
     traffic.sent(messages, phase)
     replies = list(grid.send_and_receive(messages, timeout=timeout))
     traffic.received(replies, phase)
+    if timer is not None:
+        timer.take_client_times(replies, phase)
     sent_by_id = {msg.metadata.message_id: msg for msg in messages}
     failed: dict[int, str] = {}
     good: list[tuple[int, Message]] = []

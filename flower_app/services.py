@@ -79,8 +79,9 @@ class RunServices:
         """Send ``messages``, screen the replies (``faults.reply_timeout_s``), tell the strategy
         which nodes failed; the sound replies and why the others failed (partition id -> reason)."""
         fed = self._fed
-        replies, failed = exchange(self._run.grid, messages, self._run.traffic, fed, phase, template,
-                                   self.reply_timeout)
+        with self._run.timer.phase(f"exchange: {phase}"):
+            replies, failed = exchange(self._run.grid, messages, self._run.traffic, fed, phase, template,
+                                       self.reply_timeout, self._run.timer)
         if failed:
             self._run.strategy.observe_failures(fed.nodes(p for p in failed if p in fed.node_of))
         return replies, failed

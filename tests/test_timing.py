@@ -1,0 +1,38 @@
+"""Where a run's time goes: server phases and the clients' own seconds reach the summary's
+``timings``; the clients' timing metrics never reach a record or an aggregate; the
+``flrep bench-round`` report adds the phases up honestly."""
+
+import json
+
+from flower_app.bench_round import breakdown, table
+from flower_app.config import load_config
+from flower_app.experiment import Experiment
+from tests.local_grid import LocalGrid
+
+
+def test_timings_are_reported_and_never_aggregated(tmp_path):
+    overrides = f"wandb.enabled=false compare=[] data.num_clients=4 train.fraction=0.5 rounds=2 out_dir={tmp_path}"
+    grid = LocalGrid(4, {"experiment": "quickstart", "overrides": overrides})
+    summary = Experiment(grid, load_config("quickstart", overrides.split())).run()
+    timings = summary["timings"]
+    assert timings["exchange: train"]["calls"] == 2 and timings["round: aggregate"]["calls"] == 2
+    assert timings["clients: train compute_s"]["calls"] == 4  # 2 rounds x 2 sampled clients
+    assert timings["clients: evaluate compute_s"]["calls"] == 8  # FedRep: every client evaluates its own head
+    assert timings["clients: train snapshot_s"]["calls"] == 4
+    assert all(v["s"] >= 0 for v in timings.values())
+    records = (tmp_path / "metrics.jsonl").read_text()
+    assert "t/" not in records and "compute_s" not in records
+
+
+def test_the_bench_report_adds_up():
+    summary = {"started_at": 100.0, "wall_time_s": 10.0, "rounds": 4,
+               "timings": {"start: data and model": {"s": 1.0, "calls": 1}, "start: handshake": {"s": 1.0, "calls": 1},
+                           "exchange: train": {"s": 6.0, "calls": 4},
+                           "clients: train compute_s": {"s": 9.0, "calls": 8}}}
+    report = breakdown(summary, started=98.5, ended=111.0)
+    assert report["total_s"] == 12.5 and report["engine_startup_s"] == 1.5 and report["app_startup_s"] == 2.0
+    assert report["rounds_s"] == 8.0 and report["per_round_s"] == 2.0
+    assert report["client_seconds"] == {"train compute_s": {"s": 9.0, "calls": 8}}
+    text = table({**report, "rounds": 4})
+    assert "2.0 s/round" in text and "clients train compute_s" in text
+    json.dumps(report)
