@@ -7,11 +7,14 @@ common initial weights.
 
 from __future__ import annotations
 
+import copy
 import functools
 import time
 
 import numpy as np
 import torch
+from pathlib import Path
+
 from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.clientapp.client_app import DEFAULT_ACTION
@@ -22,6 +25,7 @@ from flower_app.timing import stamp
 from protocols import PROTOCOLS
 from strategies import ALGORITHMS
 from strategies.common import ARRAYS, ClientRuntime, reply, round_config
+from strategies.state_store import NODE_CACHE, in_simulation
 from task.learning.engine import TensorData
 from task.learning.fairness import attribute_matrix
 from task.errors import ConfigError
@@ -55,9 +59,15 @@ def _own_data(cfg, data_path: str) -> FederatedData:
 
 
 @functools.lru_cache(maxsize=16)
-def _worker_cache(experiment: str, overrides: str, label: str | None, data_path: str | None):
-    """Config, data tensors on the device, model and initial weights (per process and variant)."""
+def _worker_cache(experiment: str, overrides: str, label: str | None, data_path: str | None,
+                  state_dir: str | None = None):
+    """Config, data tensors on the device, model and initial weights (per process and variant).
+    A deployed node keeps its data caches on its own disk (its ``state-dir``/cache, else its
+    user's ``~/.cache/flrep``), not under the run config's ``data.cache_dir``."""
     cfg = run_config_of({"experiment": experiment, "overrides": overrides}, label)
+    if not in_simulation():
+        cfg = copy.deepcopy(cfg)
+        cfg.data.cache_dir = str(Path(state_dir).expanduser() / "cache" if state_dir else NODE_CACHE.expanduser())
     torch.set_num_threads(max(1, int(cfg.simulation.client_cpus)))
     device = pick_device(cfg)
     fed = _own_data(cfg, data_path) if data_path else build_federated_data(cfg.data, int(cfg.seed))
@@ -76,8 +86,9 @@ def runtime_for(context: Context, content: RecordDict | None = None) -> ClientRu
         raise ConfigError("node config: partition-id is missing (start the SuperNode with "
                           "--node-config \"partition-id=<i> data-path=<dir>\")")
     data_path = str(context.node_config["data-path"]) if "data-path" in context.node_config else None
+    state_dir = str(context.node_config["state-dir"]) if "state-dir" in context.node_config else None
     cfg, fed, train, test, model, head, initial, device = _worker_cache(
-        str(rc.get("experiment", "quickstart")), str(rc.get("overrides", "")), label, data_path
+        str(rc.get("experiment", "quickstart")), str(rc.get("overrides", "")), label, data_path, state_dir
     )
     pid = int(context.node_config["partition-id"])
     if data_path is None and not 0 <= pid < fed.num_clients:
@@ -110,9 +121,10 @@ def info(msg: Message, context: Context) -> Message:
     config = round_config(msg.content)
     own = "data-path" in context.node_config
     if own and "input-shape" in config:
+        state_dir = context.node_config.get("state-dir")
         bundle = _worker_cache(str(context.run_config.get("experiment", "quickstart")),
                                str(context.run_config.get("overrides", "")), config.get("variant"),
-                               str(context.node_config["data-path"]))[1].bundle
+                               str(context.node_config["data-path"]), str(state_dir) if state_dir else None)[1].bundle
         check_node_data(bundle, tuple(config["input-shape"]), int(config["num-classes"]), context.node_config["data-path"])
     content = reply(None, **{"partition-id": rt.partition_id, "num-train": len(rt.train), "num-test": len(rt.test),
                              "own-data": float(own)})

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from flower_app.certs import DeploymentKeys
 from flower_app.config import PROJECT_DIR as APP_DIR
+from strategies.state_store import SIMULATION_ENV
 from task.errors import ConfigError
 
 CONNECTION = "flrep-local"
@@ -149,7 +150,9 @@ class LocalDeployment:
     def _env(self) -> dict[str, str]:
         """Flower's processes start more of its commands: they must find this environment's."""
         path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-        return {**os.environ, **ENV, "FLWR_HOME": str(self.home), "PATH": path}
+        env = {**os.environ, **ENV, "FLWR_HOME": str(self.home), "PATH": path}
+        env.pop(SIMULATION_ENV, None)  # these are real nodes: each keeps to its own disk
+        return env
 
     def _write_connection(self) -> None:
         """The ``flwr`` CLI's connection to this SuperLink (in a private FLWR_HOME)."""

@@ -27,8 +27,9 @@ from strategies.common import ClientRuntime
 
 #: Set (to 1) by ``flrep run`` for the nodes of its simulation, which share the server's disk.
 SIMULATION_ENV = "FLREP_SIMULATION"
-#: Where a deployed node without a ``state-dir`` keeps its state: its own user's cache.
-NODE_DEFAULT = Path("~/.cache/flrep/node-state")
+#: Where a deployed node without a ``state-dir`` keeps its data caches and its state: its user's cache.
+NODE_CACHE = Path("~/.cache/flrep")
+NODE_DEFAULT = NODE_CACHE / "node-state"
 
 
 def in_simulation() -> bool:

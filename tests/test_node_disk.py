@@ -68,3 +68,19 @@ def test_a_run_name_from_the_server_cannot_walk_the_nodes_disk(tmp_path, monkeyp
     where = Path(str(context.state["flrep-checkpoint"]["dir"]))
     assert where.is_dir() and node.resolve() in where.resolve().parents
     assert not (tmp_path / "elsewhere").exists() and not (tmp_path / "escaped").exists()
+
+
+def test_a_deployed_node_keeps_its_data_caches_on_its_own_disk(tmp_path, monkeypatch):
+    from flower_app.client_app import runtime_for
+
+    monkeypatch.delenv(SIMULATION_ENV)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    overrides = f"compare=[] data.num_clients=4 data.cache_dir={tmp_path / 'server-cache'}"
+    for node_config, expected in (({}, tmp_path / "home" / ".cache" / "flrep"),
+                                  ({"state-dir": str(tmp_path / "node")}, tmp_path / "node" / "cache")):
+        context = Context(run_id=1, node_id=7, node_config={"partition-id": 0, "num-partitions": 4, **node_config},
+                          state=RecordDict(), run_config={"experiment": "quickstart", "overrides": overrides})
+        rt = runtime_for(context)
+        assert Path(rt.cfg.data.cache_dir) == expected
+        assert files(expected)  # its partitions were cached there
+    assert not (tmp_path / "server-cache").exists()
