@@ -1,8 +1,9 @@
 """Client-state snapshots, so a resumed run restores every client's state of its checkpoint round.
 
 A ClientApp mod: the start-up handshake (``query.info``) names the snapshot folder and, when
-the run resumes, the round to restore; after every training or evaluation
-message (and TCT's ``query.entk``) the client writes its state for the round, ``round<t>.pt`` under
+the run resumes, the round to restore; after every training or evaluation message (and TCT's
+``query.entk``) that changed its state, the client writes that state for the round (a resume
+restores the newest snapshot of a round <= its checkpoint round), ``round<t>.pt`` under
 ``<folder>/client<partition id>/`` (the newest two are kept). The folder is the node
 config's ``state-dir``/checkpoints/<run name> when the SuperNode has one; in ``flrep run``'s
 simulation, whose nodes share the server's disk, the one the server names
@@ -35,21 +36,32 @@ KEEP = 2
 
 
 def snapshot_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
-    """Restore on a resuming handshake; snapshot after each state-changing message."""
+    """Restore on a resuming handshake; snapshot after each message that changed the client's state
+    (the newest snapshot of a round <= t is what a resume restores, so an unchanged state needs none)."""
     kind = msg.metadata.message_type
     config = msg.content[CONFIG] if CONFIG in msg.content.config_records else ConfigRecord()
     if kind == "query.info" and "checkpoint-dir" in config:
         _remember(context, config)
+    variant = str(config.get("variant", ""))
+    before = {k: context.state[k] for k in _variant_keys(context, variant)}  # held: their ids stay unique
     reply = call_next(msg, context)
-    if kind in _snapshot_types(context, config.get("variant")) and not reply.has_error() and LOCATION in context.state:
+    if (kind in _snapshot_types(context, config.get("variant")) and not reply.has_error() and LOCATION in context.state
+            and _changed(context, variant, before)):
         start = time.perf_counter()
         try:
-            _snapshot(context, str(config.get("variant", "")), int(config.get("server-round", 0)))
+            _snapshot(context, variant, int(config.get("server-round", 0)))
             stamp(reply.content, "snapshot_s", time.perf_counter() - start)
         except OSError as err:  # the reply is sound; only a resume would miss this round's state
             log(WARNING, "client %s: state of round %s not snapshotted: %s", context.node_config.get("partition-id"),
                 config.get("server-round"), err)
     return reply
+
+
+def _changed(context: Context, variant: str, before: dict) -> bool:
+    """Whether a message replaced, added or removed any of the variant's state entries (every
+    write of client state assigns a new record)."""
+    now = _variant_keys(context, variant)
+    return set(now) != set(before) or any(context.state[k] is not before[k] for k in now)
 
 
 def _snapshot_types(context: Context, variant: str | None) -> frozenset[str]:

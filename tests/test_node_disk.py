@@ -2,6 +2,7 @@
 user's default), never to a path from the server (the handshake's ``checkpoint-dir``, the run
 config's ``client_state.dir``); only ``flrep run``'s simulated nodes share the server's disk."""
 
+import json
 from pathlib import Path
 
 from flwr.app import ConfigRecord, Context, Message, RecordDict
@@ -84,3 +85,20 @@ def test_a_deployed_node_keeps_its_data_caches_on_its_own_disk(tmp_path, monkeyp
         assert Path(rt.cfg.data.cache_dir) == expected
         assert files(expected)  # its partitions were cached there
     assert not (tmp_path / "server-cache").exists()
+
+
+def test_only_messages_that_change_the_clients_state_are_snapshotted(tmp_path):
+    """FedRep with 4 clients, 1 trained per round: every round all 4 evaluate (a never-sampled
+    client fits a head it does not keep), but only the trained client's state changes."""
+    out = tmp_path / "out"
+    overrides = (f"wandb.enabled=false compare=[] data.num_clients=4 train.fraction=0.25 rounds=2 eval.final_window=1 "
+                 f"algorithm=fedrep out_dir={out}")
+    grid = LocalGrid(4, {"experiment": "quickstart", "overrides": overrides})
+    summary = Experiment(grid, load_config("quickstart", overrides.split())).run()
+    trained = {p for r in (json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines())
+               if r["phase"] == "train" for p in r["clients"]}
+    snapshotted = {int(p.name[len("client"):]) for p in (out / "checkpoint" / "clients").iterdir()
+                   if any(p.glob("round*.pt"))}
+    assert snapshotted == trained and len(trained) < 4
+    assert summary["timings"]["clients: evaluate compute_s"]["calls"] == 8
+    assert "clients: evaluate snapshot_s" not in summary["timings"]
