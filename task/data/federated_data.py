@@ -127,7 +127,26 @@ def source_key(data_cfg: Mapping) -> str:
 
 @functools.lru_cache(maxsize=4)
 def _load_source_cached(key: str) -> DataBundle:
-    return load_source(json.loads(key))
+    data_cfg = json.loads(key)
+    bundle = load_source(data_cfg)
+    root = data_cfg.get("root")
+    check_finite(bundle, f"data.name={data_cfg.get('name')}" + (f" in data.root={root}" if root else ""))
+    return bundle
+
+
+def check_finite(bundle: DataBundle, where: str) -> None:
+    """Every float input and target of ``bundle`` is finite (one NaN makes every reply rejected);
+    checked once per loaded source, in chunks so a large split is never copied."""
+    for name, split in (("train", bundle.train), ("test", bundle.test)):
+        for what, values in (("inputs", split.x), ("targets", split.y)):
+            values = np.asarray(values)
+            if not np.issubdtype(values.dtype, np.floating):
+                continue
+            for start in range(0, len(values), 4096):
+                ok = np.isfinite(values[start:start + 4096].reshape(-1, values[0].size)).all(axis=1)
+                if not ok.all():
+                    raise ConfigError(f"{where}: the {name} split's {what} hold NaN or Inf, first at sample "
+                                      f"{start + int(np.argmin(ok))}; fix or drop them in the data files")
 
 
 def _labels_fingerprint(bundle: DataBundle) -> str:
