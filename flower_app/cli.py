@@ -104,7 +104,18 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
     from flower_app.certs import load_deployment_keys
     from flower_app.deployment import LocalDeployment, Stopped
 
-    prepared = _prepare(args, [f"data.num_clients={args.nodes}"], Path("outputs") / f"{args.experiment}-deploy")
+    def check_inputs(cfg) -> None:  # before anything is written (or moved aside with --force)
+        if args.node_data:  # each SuperNode i reads <node-data>/node-<i>
+            missing = [str(Path(args.node_data) / f"node-{i}") for i in range(args.nodes)
+                       if not (Path(args.node_data) / f"node-{i}").is_dir()]
+            if missing:
+                raise ConfigError(f"--node-data: no node folder {', '.join(missing[:4])} (write them with flrep "
+                                  "split-data, one node-<i> folder per SuperNode)")
+        if args.tls:
+            load_deployment_keys(Path(args.tls), args.nodes)
+
+    prepared = _prepare(args, [f"data.num_clients={args.nodes}"], Path("outputs") / f"{args.experiment}-deploy",
+                        check=check_inputs)
     if prepared is None:
         return 2
     overrides, cfg, out = prepared
@@ -114,12 +125,6 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
         overrides.append(f"resume={out}")
     before = _summary_stamp(out)
     try:
-        if args.node_data:  # each SuperNode i reads <node-data>/node-<i>
-            missing = [str(Path(args.node_data) / f"node-{i}") for i in range(args.nodes)
-                       if not (Path(args.node_data) / f"node-{i}").is_dir()]
-            if missing:
-                raise ConfigError(f"--node-data: no node folder {', '.join(missing[:4])} (write them with flrep "
-                                  "split-data, one node-<i> folder per SuperNode)")
         keys = load_deployment_keys(Path(args.tls), args.nodes) if args.tls else None
         with LocalDeployment(out / "deployment", keys) as deployment:
             deployment.start_superlink()
@@ -133,7 +138,7 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
                     deployment.register(keys.node_keys[i][1])
                 deployment.start_supernode(i, node, key)
             print(f"flrep: SuperLink on {deployment.address} with {args.nodes} SuperNodes; logs in {deployment.work}")
-            deployment.run(args.experiment, overrides + [f"out_dir={out}"])
+            deployment.run(args.experiment, overrides)  # _prepare fixed out_dir (or resume) in them
     except ConfigError as err:
         print(f"flrep: configuration error: {err}", file=sys.stderr)
         return 2

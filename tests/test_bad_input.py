@@ -198,14 +198,22 @@ def test_non_finite_float_data_names_the_split_and_first_sample():
 
     import numpy as np
 
-    from flower_app.config import _check_finite
+    from task.data.federated_data import check_finite
 
     x = np.zeros((10_000, 3), np.float32)
     x[5_000, 1] = np.inf
     split = SimpleNamespace(x=x, y=np.zeros(10_000, np.int64))
     clean = SimpleNamespace(x=np.zeros((5, 3), np.float32), y=np.zeros(5, np.int64))
     with pytest.raises(ConfigError, match="the train split's inputs hold NaN or Inf, first at sample 5000"):
-        _check_finite(load_config("quickstart"), SimpleNamespace(train=split, test=clean))
+        check_finite(SimpleNamespace(train=split, test=clean), "data.name=digits")
     targets = SimpleNamespace(x=clean.x, y=np.array([0.0, 1.0, np.nan, 0.0, 0.0]))
     with pytest.raises(ConfigError, match="the test split's targets hold NaN or Inf, first at sample 2"):
-        _check_finite(load_config("quickstart"), SimpleNamespace(train=clean, test=targets))
+        check_finite(SimpleNamespace(train=clean, test=targets), "data.name=digits")
+
+
+def test_a_refused_deploy_moves_nothing_aside_even_with_force(finished, tmp_path, capsys):
+    before = tree(finished)
+    code = flrep(["deploy", "--nodes", "4", "quickstart", *TINY, "--out", str(finished), "--force",
+                  "--node-data", str(tmp_path / "missing")])
+    assert code == 2 and "--node-data" in capsys.readouterr().err
+    assert tree(finished) == before and not list(finished.parent.glob("run.old-*"))
