@@ -65,12 +65,13 @@ def table(report: dict) -> str:
 def bench_round(experiment: str, overrides: list[str], rounds: int) -> dict:
     """Run ``rounds`` rounds of ``experiment`` in the simulation engine and report where the time went."""
     from flower_app.config import load_variants
-    from flower_app.simulation import run_blocking
+    from flower_app.simulation import check_resources, run_blocking
 
     with tempfile.TemporaryDirectory(prefix="flrep-bench-round-") as tmp:
         out = Path(tmp) / "run"
         items = [*overrides, f"rounds={rounds}", "compare=[]", "wandb.enabled=false", f"out_dir={out}"]
         cfg = load_variants(experiment, items)[0]
+        check_resources(float(cfg.simulation.client_cpus), float(cfg.simulation.client_gpus))
         started = time.time()
         run_blocking(experiment, items, int(cfg.data.num_clients), float(cfg.simulation.client_cpus),
                      float(cfg.simulation.client_gpus))

@@ -8,8 +8,9 @@ restores the newest snapshot of a round <= its checkpoint round), ``round<t>.pt`
 config's ``state-dir``/checkpoints/<run name> when the SuperNode has one; in ``flrep run``'s
 simulation, whose nodes share the server's disk, the one the server names
 (``<out_dir>/checkpoint/clients``); on any other node ``~/.cache/flrep/node-state/checkpoints/
-<run name>``. A deployed node never writes to a path the server sends. Arrays kept on disk are hard-linked into the snapshot (their files are
-replaced, never rewritten, so the link keeps the round's content).
+<run name>``. A deployed node never writes to a path the server sends. Arrays kept on disk are
+hard-linked into the snapshot (their files are replaced, never rewritten, so the link keeps the
+round's content).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from flower_app.config import run_config_of
 from flower_app.timing import stamp
 from strategies import ALGORITHMS
 from strategies.common import CONFIG
-from strategies.state_store import NODE_DEFAULT, in_simulation, safe_name, save_atomic
+from strategies.state_store import in_simulation, node_home, safe_name, save_atomic
 
 LOCATION = "flrep-checkpoint"  # context.state entry: where this node's snapshots go
 KEEP = 2
@@ -80,7 +81,7 @@ def _remember(context: Context, config: ConfigRecord) -> None:
         folder = Path(str(config["checkpoint-dir"]))  # flrep's simulated nodes share the server's disk
     else:
         state_dir = context.node_config.get("state-dir")
-        folder = (Path(str(state_dir)).expanduser() if state_dir else NODE_DEFAULT.expanduser()) / "checkpoints"
+        folder = node_home(str(state_dir) if state_dir else None) / "checkpoints"
         folder = folder / safe_name(str(config.get("checkpoint-key", "run")))
     try:
         folder.mkdir(parents=True, exist_ok=True)

@@ -48,9 +48,9 @@ def preflight(variants: tuple[DictConfig, ...], force: bool = False) -> Path | N
 
 def run_variants(grid: Grid, variants: tuple[DictConfig, ...]) -> dict:
     """Run each variant in turn on the same federation; with several, write the comparison."""
-    preflight(variants)  # every variant's errors stop the run before round 1, before any write
     if len(variants) == 1:
-        return Experiment(grid, variants[0]).run()
+        return Experiment(grid, variants[0]).run()  # it makes preflight's checks itself before writing
+    preflight(variants)  # every variant's errors stop the run before the first variant writes anything
     base = output_dir(variants[0])
     summaries, records = {}, {}
     for cfg in variants:

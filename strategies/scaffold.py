@@ -108,8 +108,8 @@ class Scaffold(ServerHooks, FedAvg):
         """A round skipped for too few replies leaves x alone, but the clients that replied keep
         their c_i⁺: c takes their Δc_i, so it stays Σ π_i c_i."""
         valid = [m for m in replies if not m.has_error() and CONTROL in m.content]
-        self._absorb_controls(server_round, valid, [self.client_share(m.metadata.src_node_id, float(m.content[METRICS][NUM_EXAMPLES]))
-                                      for m in valid])
+        shares = [self.client_share(m.metadata.src_node_id, float(m.content[METRICS][NUM_EXAMPLES])) for m in valid]
+        self._absorb_controls(server_round, valid, shares)
 
     def _absorb_controls(self, server_round: int, replies: list[Message], shares: list[float]) -> None:
         """c ← c + Σ π_i Δc_i over ``replies``, remembering each node's absorbed round."""

@@ -43,13 +43,15 @@ def state_root(cfg) -> Path:
     return Path(str(cfg.client_state.dir or Path(str(cfg.data.cache_dir)).expanduser() / "client-state")).expanduser()
 
 
+def node_home(node_state_dir: str | None) -> Path:
+    """A node's own folder: its ``state-dir``, else its user's default (:data:`NODE_DEFAULT`)."""
+    return Path(node_state_dir).expanduser() if node_state_dir else NODE_DEFAULT.expanduser()
+
+
 def node_root(cfg, node_state_dir: str | None) -> Path:
-    """Where a node writes: its own ``state-dir``; in ``flrep run``'s simulation :func:`state_root`;
-    otherwise its user's default (:data:`NODE_DEFAULT`). A deployed node never writes to a path
-    the server chose."""
-    if node_state_dir:
-        return Path(node_state_dir).expanduser()
-    return state_root(cfg) if in_simulation() else NODE_DEFAULT.expanduser()
+    """Where a node writes: :func:`node_home`, except for ``flrep run``'s simulated nodes without a
+    ``state-dir`` (:func:`state_root`). A deployed node never writes to a path the server chose."""
+    return state_root(cfg) if in_simulation() and not node_state_dir else node_home(node_state_dir)
 
 
 def safe_name(text: str) -> str:
