@@ -26,7 +26,7 @@ from protocols import PROTOCOLS
 from strategies import ALGORITHMS
 from strategies.common import ARRAYS, ClientRuntime, reply, round_config
 from strategies.state_store import NODE_CACHE, in_simulation
-from task.learning.engine import TensorData
+from task.learning.engine import TensorData, fast_layout, precision
 from task.learning.fairness import attribute_matrix
 from task.errors import ConfigError
 from task.data.federated_data import FederatedData, build_federated_data
@@ -73,6 +73,7 @@ def _worker_cache(experiment: str, overrides: str, label: str | None, data_path:
     fed = _own_data(cfg, data_path) if data_path else build_federated_data(cfg.data, int(cfg.seed))
     train, test = _data_on_device(fed, device)
     model = initial_model(cfg, fed.bundle).to(device)
+    fast_layout(model, [train, test])
     head = head_groups(cfg, model)
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
     return cfg, fed, train, test, model, head, initial, device
@@ -143,7 +144,8 @@ def _route(msg: Message, context: Context) -> Message:
             raise ValueError(f"{kind} has no handler in algorithm {rt.cfg.algorithm!r} or any protocol")
         handler = evaluate_global_model
     ready = time.perf_counter()
-    content = handler(rt, msg.content)
+    with precision(str(rt.cfg.train.precision), rt.device):
+        content = handler(rt, msg.content)
     stamp(content, "setup_s", ready - start)
     stamp(content, "compute_s", time.perf_counter() - ready)
     return Message(content=content, reply_to=msg)

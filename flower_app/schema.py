@@ -106,6 +106,7 @@ class TrainConfig:
     nesterov: bool = MISSING
     lr_decay: float = positive()
     augment: Literal["none", "crop_flip"] = MISSING
+    precision: Literal["fp32", "bf16"] = MISSING
 
 
 @dataclass

@@ -9,7 +9,7 @@ from flwr.app import ArrayRecord
 
 from task.analysis.linear_rep import global_gradient_norm, principal_angle_distance
 from task.data.federated_data import FederatedData
-from task.learning.engine import TensorData, evaluate
+from task.learning.engine import EvalResult, TensorData, fast_layout, sample_scores
 from task.learning.models import SplitModel
 
 
@@ -23,7 +23,9 @@ class ServerEvaluator:
         self.regression = fed.bundle.task == "regression"
         test = fed.bundle.test
         self.test = TensorData.from_arrays(test.x, test.y, device)
+        fast_layout(self.model, [self.test])
         self._pooled: tuple[tuple[int, ...], TensorData] | None = None
+        self._scores: tuple[torch.Tensor, torch.Tensor | None] | None = None
 
     def split(self, idx: np.ndarray) -> TensorData:
         """The test samples ``idx`` (of the server's test set) on the device."""
@@ -33,17 +35,28 @@ class ServerEvaluator:
     def load(self, arrays: ArrayRecord) -> None:
         """Copy ``arrays`` (a subset of the model's state is allowed) into the model."""
         self.model.load_state_dict(arrays.to_torch_state_dict(), strict=False)
+        self._scores = None
+
+    def _score(self, idx: np.ndarray) -> EvalResult:
+        """Loss and accuracy of the loaded model on the test samples ``idx``. Every sample of the
+        server's test set is scored once per :meth:`load`, in one batched pass."""
+        if self._scores is None:
+            self._scores = sample_scores(self.model, self.test, self.batch, self.regression)
+        loss, correct = self._scores
+        t = torch.as_tensor(idx, dtype=torch.long, device=loss.device)
+        hits = 0 if correct is None else int(correct[t].sum())
+        return EvalResult(float(loss[t].double().sum()), hits, len(t), self.regression)
 
     def global_metric(self) -> tuple[float | None, float]:
         """Accuracy (None for regression) and loss of the loaded model on the global test set."""
-        res = evaluate(self.model, self.split(self.fed.global_test), self.batch, self.regression)
+        res = self._score(self.fed.global_test)
         return res.accuracy, res.loss
 
     def per_client(self, pids: list[int]) -> tuple[dict[int, float], dict[int, float]]:
         """Accuracy and loss of the loaded model on each client's local test split."""
         acc, loss = {}, {}
         for pid in pids:
-            res = evaluate(self.model, self.split(self.fed.client_test[pid]), self.batch, self.regression)
+            res = self._score(self.fed.client_test[pid])
             if res.accuracy is not None:
                 acc[pid] = res.accuracy
             loss[pid] = res.loss

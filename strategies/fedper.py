@@ -3,7 +3,7 @@
 Server: FedRep's body averaging.
 Client: load the received body and its own head (kept in ``context.state``), train head
 and body together for the usual local epochs/steps, keep the head, send the body only.
-A never-sampled client is evaluated after fitting a head on its own data (as in FedRep).
+A never-sampled client is evaluated as in FedRep (``fedrep.unsampled_head``).
 """
 
 from __future__ import annotations

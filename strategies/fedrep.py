@@ -116,9 +116,11 @@ def body_parameters(rt: ClientRuntime) -> list[torch.nn.Parameter]:
 
 
 def evaluate_with_own_head(rt: ClientRuntime, content: RecordDict) -> RecordDict:
-    """Global body + the client's head; a never-sampled client first fits a head on its data."""
+    """Global body + the client's head. A client without a head yet (never sampled) uses the
+    run's initial head (``fedrep.unsampled_head=initial``, the official code) or first fits one
+    on its data, not kept (``fit``)."""
     rt.load(content[ARRAYS])
-    if not load_own_head(rt):
+    if not load_own_head(rt) and rt.cfg.fedrep.unsampled_head == "fit":
         fit_head(rt, int(round_config(content)["server-round"]), COLD_START_SALT)
     return reply(None, **rt.evaluate_local())
 
@@ -151,6 +153,7 @@ class FedRepConfig:
     head_steps: Optional[int] = positive()
     head_solver: Literal["sgd", "exact"] = MISSING
     orthonormalize: bool = MISSING
+    unsampled_head: Literal["initial", "fit"] = MISSING
 
 
 def check(cfg: DictConfig) -> None:

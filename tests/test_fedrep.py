@@ -147,7 +147,7 @@ def test_fedper_trains_head_and_body_jointly_and_keeps_the_head():
 
 @pytest.mark.parametrize("algorithm", ["fedrep", "fedper"])
 def test_never_sampled_client_is_evaluated_with_a_head_fitted_on_its_data(algorithm):
-    rt = make_runtime(algorithm)
+    rt = make_runtime(algorithm, overrides=["fedrep.unsampled_head=fit"])
     rt.reset_model()
     algo = ALGORITHMS[algorithm]
     content = body_message(rt, 3)
@@ -159,6 +159,25 @@ def test_never_sampled_client_is_evaluated_with_a_head_fitted_on_its_data(algori
     fedrep.fit_head(reference, 3, fedrep.COLD_START_SALT)
     assert result["accuracy"] == pytest.approx(evaluate(reference.model, reference.test).accuracy)
     assert evaluate(reference.model, reference.train).accuracy > random_head + 0.2
+
+
+@pytest.mark.parametrize("algorithm", ["fedrep", "fedper"])
+def test_never_sampled_client_is_evaluated_with_the_initial_head_by_default(algorithm):
+    """The official code's protocol: the received body with the run's initial head, nothing fitted."""
+    rt = make_runtime(algorithm)
+    assert rt.cfg.fedrep.unsampled_head == "initial"
+    rt.reset_model()
+    content = body_message(rt, 3)
+    result = ALGORITHMS[algorithm].handlers["evaluate"](rt, content)[METRICS]
+    assert rt.state_key("head") not in rt.state
+    reference = make_runtime(algorithm)
+    reference.reset_model()
+    reference.load(content[ARRAYS])  # the received body; the head stays the initial one
+    expected = evaluate(reference.model, reference.test)
+    assert result["accuracy"] == expected.accuracy
+    assert result["loss"] == pytest.approx(expected.loss)
+    fedrep.fit_head(reference, 3, fedrep.COLD_START_SALT)
+    assert evaluate(reference.model, reference.test).loss != pytest.approx(expected.loss)  # a fit would differ
 
 
 def test_exact_head_solver_is_least_squares_and_orthonormalize_keeps_the_span():

@@ -3,7 +3,8 @@
 Both train the same model with the same SGD settings on the same client-sized data; the
 engine keeps the data as tensors on the device and slices a seeded permutation, the
 baseline builds a ``torch.utils.data.DataLoader`` each round as many FL codebases do.
-Usage: ``flrep bench [--device cpu] [--repeats 3] [--out docs/benchmark.json]``.
+Usage: ``flrep bench [--device cpu|cuda] [--repeats 3] [--out docs/benchmark.json]`` (or
+``python -m task.learning.benchmark``, which needs no Flower).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from task.learning.engine import OptimizerConfig, TensorData, train
+from task.learning.engine import OptimizerConfig, TensorData, fast_layout, precision, train
 from task.learning.models import build_model
 
 # (model, input shape, classes, client samples, batch size): the papers' client settings
@@ -32,8 +33,9 @@ CASES = (
 OPT = OptimizerConfig(lr=0.01, momentum=0.5, weight_decay=1e-4)
 
 
-def _engine_epoch(model, x, y, batch, seed) -> None:
-    train(model, TensorData(x, y), OPT, batch, torch.Generator().manual_seed(seed), epochs=1)
+def _engine_epoch(model, x, y, batch, seed, precision_name: str = "fp32") -> None:
+    with precision(precision_name, x.device):
+        train(model, TensorData(x, y), OPT, batch, torch.Generator().manual_seed(seed), epochs=1)
 
 
 def _dataloader_epoch(model, x, y, batch, seed) -> None:
@@ -49,29 +51,51 @@ def _dataloader_epoch(model, x, y, batch, seed) -> None:
         opt.step()
 
 
+#: label -> (train.precision, channels-last layout); precision None is the DataLoader loop (the reference form)
+VARIANTS = {
+    "engine_fp32_contiguous": ("fp32", False),
+    "engine_fp32": ("fp32", True),
+    "engine_bf16": ("bf16", True),
+    "dataloader": (None, False),
+}
+
+
 def measure(case: tuple, device: torch.device, repeats: int, epochs: int) -> dict:
-    """Samples/s of both loops for one case (median over ``repeats`` timed runs)."""
+    """Samples/s of each variant for one case (median over ``repeats`` timed runs). The engine
+    runs as clients run it (channels-last layout for convolutional models, ``fast_layout``), at
+    each ``train.precision``, and once with the plain layout; the DataLoader loop in float32."""
     name, shape, classes, n, batch = case
     gen = torch.Generator().manual_seed(0)
-    x = torch.randn((n, *shape), generator=gen).to(device)
+    x0 = torch.randn((n, *shape), generator=gen).to(device)
     y = torch.randint(0, classes, (n,), generator=gen).to(device)
     result = {"model": name, "samples": n, "batch_size": batch}
-    for label, fn in (("engine", _engine_epoch), ("dataloader", _dataloader_epoch)):
+    for label, (precision_name, layout) in VARIANTS.items():
         torch.manual_seed(0)
         model = build_model(name, shape, classes).to(device)
-        fn(model, x, y, batch, 0)  # warm-up
+        data = TensorData(x0.clone(), y)
+        if layout:
+            fast_layout(model, [data])
+        x = data.x
+        if precision_name is None:
+            def fn(seed):
+                _dataloader_epoch(model, x, y, batch, seed)
+        else:
+            def fn(seed):
+                _engine_epoch(model, x, y, batch, seed, precision_name)
+        fn(0)  # warm-up
         rates = []
         for r in range(repeats):
             if device.type == "cuda":
                 torch.cuda.synchronize()
             start = time.perf_counter()
             for e in range(epochs):
-                fn(model, x, y, batch, 1 + r * epochs + e)
+                fn(1 + r * epochs + e)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             rates.append(n * epochs / (time.perf_counter() - start))
         result[f"{label}_samples_per_s"] = statistics.median(rates)
-    result["speedup"] = result["engine_samples_per_s"] / result["dataloader_samples_per_s"]
+    result["speedup"] = result["engine_fp32_samples_per_s"] / result["dataloader_samples_per_s"]
+    result["speedup_bf16"] = result["engine_bf16_samples_per_s"] / result["dataloader_samples_per_s"]
     return result
 
 
@@ -93,12 +117,18 @@ def main(argv: list[str] | None = None) -> int:
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
     }
-    print(f"{'model':<12} {'n':>5} {'batch':>5} {'engine/s':>10} {'DataLoader/s':>13} {'speedup':>8}")
+    print(f"{'model':<12} {'n':>5} {'batch':>5} {'fp32 plain':>10} {'fp32':>8} {'bf16':>8} {'DataLoader':>10} "
+          f"{'fp32 x':>7} {'bf16 x':>7}   (samples/s; x = vs DataLoader)")
     for r in rows:
-        print(f"{r['model']:<12} {r['samples']:>5} {r['batch_size']:>5} {r['engine_samples_per_s']:>10.0f} "
-              f"{r['dataloader_samples_per_s']:>13.0f} {r['speedup']:>7.2f}x")
+        print(f"{r['model']:<12} {r['samples']:>5} {r['batch_size']:>5} {r['engine_fp32_contiguous_samples_per_s']:>10.0f} "
+              f"{r['engine_fp32_samples_per_s']:>8.0f} {r['engine_bf16_samples_per_s']:>8.0f} "
+              f"{r['dataloader_samples_per_s']:>10.0f} {r['speedup']:>6.2f}x {r['speedup_bf16']:>6.2f}x")
     print("machine:", json.dumps(machine))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({"machine": machine, "results": rows}, indent=2) + "\n")
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

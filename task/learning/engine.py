@@ -6,6 +6,7 @@ seeded permutation (no DataLoader is built per round). Everything here is plain 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -88,6 +89,31 @@ class EvalResult:
         if self.regression:
             return None
         return self.correct / max(self.num_examples, 1)
+
+
+#: ``train.precision`` -> the autocast dtype of model computation (None: full float32).
+PRECISIONS: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16}
+
+
+def precision(name: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """The context in which a client computes at ``train.precision`` ``name``: bf16 autocast
+    (float32 weights, optimizer state and loss; matrix products and convolutions in bfloat16)
+    or plain float32. :func:`evaluate` always scores in float32 inside either."""
+    dtype = PRECISIONS[name]
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def fast_layout(model: nn.Module, data: Sequence[TensorData]) -> None:
+    """Channels-last memory format for a model with 2-D convolutions and for its image data,
+    in place: faster convolutions on CPUs (oneDNN) and on GPUs, the same numbers up to rounding."""
+    if not any(isinstance(m, nn.Conv2d) for m in model.modules()):
+        return
+    model.to(memory_format=torch.channels_last)
+    for split in data:
+        if split.x.dim() == 4:
+            split.x = split.x.contiguous(memory_format=torch.channels_last)
 
 
 def loss_function(regression: bool):
@@ -216,16 +242,30 @@ def predict(model: nn.Module, x: torch.Tensor, batch_size: int = 2048) -> torch.
 def evaluate(
     model: nn.Module, data: TensorData, batch_size: int = 2048, regression: bool = False
 ) -> EvalResult:
-    """Summed loss and number of correct predictions of ``model`` on ``data``."""
+    """Summed loss and number of correct predictions of ``model`` on ``data`` (float32 even
+    inside a bf16 :func:`precision` context: reported metrics never depend on the precision)."""
     if len(data) == 0:
         return EvalResult(0.0, 0, 0, regression)
-    out = predict(model, data.x, batch_size)
+    with torch.autocast(device_type=data.x.device.type, enabled=False):
+        out = predict(model, data.x, batch_size)
     if regression:
         loss_sum = float(F.mse_loss(out.squeeze(-1), data.y, reduction="sum"))
         return EvalResult(loss_sum, 0, len(data), True)
     loss_sum = float(F.cross_entropy(out, data.y, reduction="sum"))
     correct = int((out.argmax(dim=1) == data.y).sum())
     return EvalResult(loss_sum, correct, len(data))
+
+
+@torch.no_grad()
+def sample_scores(model: nn.Module, data: TensorData, batch_size: int = 2048,
+                  regression: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-sample loss and correctness (None for regression) of ``model`` on ``data``, in
+    float32, from one batched pass: any subset's metrics are then means over its indices."""
+    with torch.autocast(device_type=data.x.device.type, enabled=False):
+        out = predict(model, data.x, batch_size)
+    if regression:
+        return F.mse_loss(out.squeeze(-1), data.y, reduction="none"), None
+    return F.cross_entropy(out, data.y, reduction="none"), out.argmax(dim=1) == data.y
 
 
 def train_head_on_features(
@@ -244,7 +284,7 @@ def train_head_on_features(
     Body features are computed once (eval mode, no augmentation) and the head trains on
     them, which is exact because a frozen body maps each input to fixed features.
     """
-    features = predict_features(model, head, data.x)
+    features = predict_features(model, head, data.x).float()  # bf16 under a bf16 precision context
     head_module = nn.Sequential(*[model.get_submodule(name) for name in head])
     return train(
         head_module,

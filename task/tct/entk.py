@@ -102,8 +102,24 @@ def entk_features(model: nn.Module, x: Tensor, coords: Tensor, method: str = "ho
     coords = _check_coords(coords, parameter_count(model))
     if len(x) == 0:
         return torch.zeros(0, len(coords), device=x.device)
-    with torch.enable_grad(), _all_requiring_grad(model):
+    with torch.enable_grad(), _all_requiring_grad(model), _full_float32(x.device):
         return compute(model, x, coords).float()
+
+
+@contextmanager
+def _full_float32(device: torch.device) -> Iterator[None]:
+    """Float32 arithmetic whatever the caller set: no autocast (a client's ``train.precision``)
+    and no TF32 on CUDA (cuDNN's default for convolutions), so that every method computes the
+    same features up to float32 rounding."""
+    matmul = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        with torch.autocast(device_type=device.type, enabled=False), torch.backends.cudnn.flags(
+                enabled=torch.backends.cudnn.enabled, benchmark=torch.backends.cudnn.benchmark,
+                deterministic=torch.backends.cudnn.deterministic, allow_tf32=False):
+            yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = matmul
 
 
 def extract_features(
