@@ -71,7 +71,7 @@ def bench_round(experiment: str, overrides: list[str], rounds: int) -> dict:
         out = Path(tmp) / "run"
         items = [*overrides, f"rounds={rounds}", "compare=[]", "wandb.enabled=false", f"out_dir={out}"]
         cfg = load_variants(experiment, items)[0]
-        check_resources(float(cfg.simulation.client_cpus), float(cfg.simulation.client_gpus))
+        check_resources(cfg.simulation)
         started = time.time()
         run_blocking(experiment, items, int(cfg.data.num_clients), float(cfg.simulation.client_cpus),
                      float(cfg.simulation.client_gpus))

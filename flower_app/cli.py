@@ -74,8 +74,7 @@ def _outcome(out: Path, before: tuple[int, int] | None) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     from flower_app.simulation import check_resources, exit_interrupted, run_blocking
 
-    prepared = _prepare(args, check=lambda cfg: check_resources(float(cfg.simulation.client_cpus),
-                                                                  float(cfg.simulation.client_gpus)))
+    prepared = _prepare(args, check=lambda cfg: check_resources(cfg.simulation))
     if prepared is None:
         return 2
     overrides, cfg, out = prepared

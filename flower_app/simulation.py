@@ -13,15 +13,18 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+from logging import WARNING
 from typing import NoReturn
 
 from flwr.app import Context, RecordDict
 from flwr.common.config import get_fused_config_from_dir, get_project_config
+from flwr.common.logger import log
 from flwr.server.superlink.linkstate.utils import generate_rand_int_from_bytes
 from flwr.simulation.run_simulation import _run_simulation
 from flwr.supercore.constant import NOOP_FEDERATION_ID
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
+from omegaconf import DictConfig
 from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.supercore.telemetry import EventType
 
@@ -68,20 +71,31 @@ def run_blocking(experiment: str, overrides: list[str], num_supernodes: int, cli
     )
 
 
-def check_resources(client_cpus: float, client_gpus: float) -> None:
-    """Each simulated ClientApp's resources fit this machine (else Ray's actor pool stays empty
-    and the run would wait forever): a ConfigError naming the key."""
+def check_resources(sim: DictConfig) -> None:
+    """The ``simulation.*`` resources of each simulated ClientApp fit this machine (else Ray's
+    actor pool stays empty and the run would wait forever), and clients meant to use a GPU get a
+    share of one (Ray hides the GPUs from a ClientApp that asks for none): a ConfigError naming
+    the key. ``device=auto`` with a GPU but no share only warns: the clients compute on the CPU."""
+    client_cpus, client_gpus = float(sim.client_cpus), float(sim.client_gpus)
     cores = os.cpu_count() or 1
     if client_cpus > cores:
         raise ConfigError(f"simulation.client_cpus={client_cpus:g}: this machine has {cores} CPU cores; "
                           f"a ClientApp can ask for at most {cores}")
-    if client_gpus > 0:
-        import torch
+    if client_gpus == 0 and sim.device == "cpu":
+        return
+    import torch
 
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if client_gpus > gpus:
-            raise ConfigError(f"simulation.client_gpus={client_gpus:g}: this machine has {gpus} CUDA GPU(s); "
-                              f"use {'0' if gpus == 0 else f'at most {gpus}'}")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if client_gpus > gpus:
+        raise ConfigError(f"simulation.client_gpus={client_gpus:g}: this machine has {gpus} CUDA GPU(s); "
+                          f"use {'0' if gpus == 0 else f'at most {gpus}'}")
+    if client_gpus == 0 and gpus > 0:
+        hint = ("the simulation engine hides the GPUs from ClientApps that ask for no share of one; set e.g. "
+                "simulation.client_gpus=0.1 (ten ClientApps share a GPU)")
+        if sim.device == "cuda":
+            raise ConfigError(f"simulation.device=cuda with simulation.client_gpus=0: {hint}")
+        log(WARNING, "[flrep] simulation.client_gpus=0: the clients compute on the CPU although this machine has "
+            "%d GPU(s); %s", gpus, hint)
 
 
 def exit_interrupted(code: int) -> NoReturn:

@@ -177,6 +177,29 @@ def test_client_resources_beyond_the_machine_are_refused(override, key, tmp_path
     assert code == 2 and key in err and "this machine has" in err and not (tmp_path / "run").exists()
 
 
+def test_clients_meant_for_a_gpu_need_a_share_of_one(monkeypatch, caplog):
+    """On a GPU machine Ray hides the GPUs from ClientApps with client_gpus=0 (checked with a
+    pretend GPU, so it runs on CPU-only machines too)."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from flower_app.simulation import check_resources
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    sim = OmegaConf.create({"client_cpus": 1, "client_gpus": 0.0, "device": "cuda"})
+    with pytest.raises(ConfigError, match="simulation.device=cuda with simulation.client_gpus=0"):
+        check_resources(sim)
+    sim.device = "auto"
+    check_resources(sim)
+    assert "clients compute on the CPU" in caplog.text
+    sim.client_gpus = 0.25  # four ClientApps share the GPU
+    check_resources(sim)
+    sim.client_gpus = 2.0
+    with pytest.raises(ConfigError, match="simulation.client_gpus=2: this machine has 1 CUDA GPU"):
+        check_resources(sim)
+
+
 @pytest.mark.parametrize("nodes", ["0", "-1", "x"])
 def test_certs_needs_at_least_one_node(nodes, tmp_path, capsys):
     with pytest.raises(SystemExit) as info:

@@ -166,8 +166,11 @@ def crop_flip(x: torch.Tensor, generator: torch.Generator, padding: int = 4) -> 
     cols = dx + torch.arange(w)
     cols = torch.where(flip, cols.flip(1), cols)
     dev = x.device
-    return padded[torch.arange(n, device=dev)[:, None, None, None], torch.arange(c, device=dev)[None, :, None, None],
-                  rows.to(dev)[:, None, :, None], cols.to(dev)[:, None, None, :]]
+    out = padded[torch.arange(n, device=dev)[:, None, None, None], torch.arange(c, device=dev)[None, :, None, None],
+                 rows.to(dev)[:, None, :, None], cols.to(dev)[:, None, None, :]]
+    if x.is_contiguous(memory_format=torch.channels_last):
+        return out.contiguous(memory_format=torch.channels_last)  # keep the layout the model expects
+    return out
 
 
 AUGMENTATIONS = {"crop_flip": crop_flip}
