@@ -233,11 +233,23 @@ def train(
     return TrainResult(float(total) / max(samples, 1), num_steps, samples)
 
 
+#: Inference chunk on a CPU: activations of a few dozen images stay in cache (measured for the
+#: FedRep CNN, one thread: 2.3x the samples/s of 2048-image chunks in float32, 2.1x in bf16).
+CPU_CHUNK = 32
+
+
+def _chunk(x: torch.Tensor, batch_size: int) -> int:
+    """Samples per inference chunk: ``batch_size`` (``eval.batch_size``) bounds the memory; a CPU
+    uses at most :data:`CPU_CHUNK`."""
+    return min(batch_size, CPU_CHUNK) if x.device.type == "cpu" else batch_size
+
+
 @torch.no_grad()
 def predict(model: nn.Module, x: torch.Tensor, batch_size: int = 2048) -> torch.Tensor:
     """Model outputs for ``x`` in eval mode, computed in chunks."""
     model.eval()
-    outs = [model(x[i : i + batch_size]) for i in range(0, x.shape[0], batch_size)]
+    step = _chunk(x, batch_size)
+    outs = [model(x[i : i + step]) for i in range(0, x.shape[0], step)]
     return torch.cat(outs) if outs else x.new_zeros((0,))
 
 
@@ -285,20 +297,22 @@ def train_head_on_features(
     """Train only the ``head`` groups of a split model with the body frozen.
 
     Body features are computed once (eval mode, no augmentation) and the head trains on
-    them, which is exact because a frozen body maps each input to fixed features.
+    them, which is exact because a frozen body maps each input to fixed features. Under a bf16
+    :func:`precision` the features are computed in bf16 and the head trains in float32.
     """
     features = predict_features(model, head, data.x).float()  # bf16 under a bf16 precision context
     head_module = nn.Sequential(*[model.get_submodule(name) for name in head])
-    return train(
-        head_module,
-        TensorData(features, data.y),
-        optimizer,
-        batch_size,
-        generator,
-        epochs=epochs,
-        steps=steps,
-        regression=regression,
-    )
+    with torch.autocast(device_type=features.device.type, enabled=False):  # a small head: autocast only costs
+        return train(
+            head_module,
+            TensorData(features, data.y),
+            optimizer,
+            batch_size,
+            generator,
+            epochs=epochs,
+            steps=steps,
+            regression=regression,
+        )
 
 
 @torch.no_grad()
@@ -326,7 +340,8 @@ def fit_head_least_squares(model: nn.Module, head: Sequence[str], data: TensorDa
 def predict_features(model: nn.Module, head: Sequence[str], x: torch.Tensor, batch_size: int = 2048) -> torch.Tensor:
     """Body outputs (the input of the ``head`` groups) for ``x``, in eval mode."""
     model.eval()
-    chunks = [model.features(x[i : i + batch_size], head) for i in range(0, x.shape[0], batch_size)]
+    step = _chunk(x, batch_size)
+    chunks = [model.features(x[i : i + step], head) for i in range(0, x.shape[0], step)]
     return torch.cat(chunks)
 
 
