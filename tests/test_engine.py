@@ -113,3 +113,80 @@ def test_augmentation_needs_images():
 
     with pytest.raises(ConfigError, match="train.augment"):
         validate_with_data(load_config("linear_fedrep", ["train.augment=crop_flip"]))
+
+
+def test_a_head_trained_on_a_cpu_copy_ends_as_if_trained_in_place():
+    """train_copy_on_cpu (small heads of a model on a GPU) runs the same batches and arithmetic."""
+    from task.learning.engine import train_copy_on_cpu
+
+    torch.manual_seed(0)
+    head = torch.nn.Sequential(torch.nn.Linear(8, 3))
+    copy = torch.nn.Sequential(torch.nn.Linear(8, 3))
+    copy.load_state_dict(head.state_dict())
+    data = TensorData(torch.randn(40, 8), torch.randint(0, 3, (40,)))
+    opt = OptimizerConfig(0.1, momentum=0.5, weight_decay=1e-3)
+    in_place = train(head, data, opt, 10, torch.Generator().manual_seed(1), epochs=3)
+    on_copy = train_copy_on_cpu(copy, data, opt, 10, torch.Generator().manual_seed(1), epochs=3)
+    assert in_place.mean_loss == on_copy.mean_loss and in_place.steps == on_copy.steps == 12
+    for a, b in zip(head.state_dict().values(), copy.state_dict().values()):
+        assert torch.equal(a, b)
+
+
+def test_bf16_precision_trains_in_autocast_but_evaluation_stays_float32():
+    from task.learning.engine import precision
+
+    torch.manual_seed(0)
+    model = build_model("fedrep_cnn", (3, 32, 32), 10)
+    data = TensorData(torch.randn(20, 3, 32, 32), torch.randint(0, 10, (20,)))
+    fp32 = evaluate(model, data)
+    with precision("bf16", torch.device("cpu")):
+        assert torch.is_autocast_enabled("cpu")
+        assert model(data.x[:2]).dtype == torch.bfloat16  # training forward passes run in bf16
+        inside = evaluate(model, data)
+    assert (inside.loss_sum, inside.correct) == (fp32.loss_sum, fp32.correct)
+    with precision("fp32", torch.device("cpu")):
+        assert not torch.is_autocast_enabled("cpu")
+    before = copy.deepcopy(model.state_dict())
+    with precision("bf16", torch.device("cpu")):
+        result = train(model, data, OptimizerConfig(0.05), 10, torch.Generator().manual_seed(0), epochs=1)
+    assert result.steps == 2 and all(v.dtype == before[k].dtype for k, v in model.state_dict().items())
+    assert any(not torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_fast_layout_is_channels_last_for_convolutions_only_and_keeps_the_outputs():
+    from task.learning.engine import fast_layout, predict
+
+    torch.manual_seed(0)
+    cnn = build_model("fedrep_cnn", (3, 32, 32), 10)
+    images = TensorData(torch.randn(8, 3, 32, 32), torch.zeros(8, dtype=torch.long))
+    before = predict(cnn, images.x)
+    fast_layout(cnn, [images])
+    assert images.x.is_contiguous(memory_format=torch.channels_last)
+    assert cnn.state_dict()["conv1.0.weight"].is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(predict(cnn, images.x), before, rtol=1e-4, atol=1e-5)
+    mlp = build_model("digits_mlp", (1, 8, 8), 10)
+    flat = TensorData(torch.randn(4, 1, 8, 8), torch.zeros(4, dtype=torch.long))
+    fast_layout(mlp, [flat])
+    assert flat.x.is_contiguous()
+
+
+def test_predictions_do_not_depend_on_the_chunk_size():
+    from task.learning.engine import predict
+
+    torch.manual_seed(0)
+    model = build_model("lenet5", (3, 32, 32), 10)
+    x = torch.randn(70, 3, 32, 32)
+    torch.testing.assert_close(predict(model, x, batch_size=2048), predict(model, x, batch_size=7), rtol=1e-5, atol=1e-6)
+
+
+def test_sample_scores_give_every_subset_the_metrics_of_evaluate():
+    from task.learning.engine import sample_scores
+
+    torch.manual_seed(0)
+    model = build_model("digits_mlp", (1, 8, 8), 10)
+    data = TensorData(torch.randn(50, 1, 8, 8), torch.randint(0, 10, (50,)))
+    loss, correct = sample_scores(model, data)
+    for idx in (torch.arange(50), torch.tensor([3, 3, 7, 40])):  # a client's split may repeat samples
+        direct = evaluate(model, data.subset(idx))
+        assert int(correct[idx].sum()) == direct.correct
+        assert float(loss[idx].double().sum()) == pytest.approx(direct.loss_sum, rel=1e-6)

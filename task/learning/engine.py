@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from copy import deepcopy
 from dataclasses import dataclass
 
 import numpy as np
@@ -302,17 +303,31 @@ def train_head_on_features(
     """
     features = predict_features(model, head, data.x).float()  # bf16 under a bf16 precision context
     head_module = nn.Sequential(*[model.get_submodule(name) for name in head])
+    head_data = TensorData(features, data.y)
     with torch.autocast(device_type=features.device.type, enabled=False):  # a small head: autocast only costs
-        return train(
-            head_module,
-            TensorData(features, data.y),
-            optimizer,
-            batch_size,
-            generator,
-            epochs=epochs,
-            steps=steps,
-            regression=regression,
-        )
+        if features.is_cuda and sum(p.numel() for p in head_module.parameters()) <= SMALL_HEAD:
+            return train_copy_on_cpu(head_module, head_data, optimizer, batch_size, generator, epochs, steps, regression)
+        return train(head_module, head_data, optimizer, batch_size, generator, epochs=epochs, steps=steps,
+                     regression=regression)
+
+
+#: Heads of at most this many parameters train on the CPU when the body is on a GPU: each SGD step
+#: of a small head is all kernel launches and Python there. Measured on an H100 machine for
+#: FedRep's CIFAR-10 head (650 parameters, 10 epochs of 50 steps): 0.27-0.52 s on the GPU.
+SMALL_HEAD = 1 << 18
+
+
+def train_copy_on_cpu(module: nn.Module, data: TensorData, optimizer: OptimizerConfig, batch_size: int,
+                      generator: torch.Generator, epochs: int | None, steps: int | None = None,
+                      regression: bool = False) -> TrainResult:
+    """:func:`train` a CPU copy of ``module`` on a CPU copy of ``data`` and copy the result back:
+    the same batches (``generator`` is a CPU generator either way) and the same arithmetic up to
+    float rounding."""
+    copy = deepcopy(module).cpu()
+    result = train(copy, TensorData(data.x.cpu(), data.y.cpu()), optimizer, batch_size, generator,
+                   epochs=epochs, steps=steps, regression=regression)
+    module.load_state_dict(copy.state_dict())
+    return result
 
 
 @torch.no_grad()
