@@ -187,12 +187,24 @@ def _cmd_split_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def _device_overrides(device: str | None, overrides: list[str]) -> list[str]:
+    """``--device``: ``simulation.device``; on ``cuda`` also a tenth of a GPU per ClientApp unless
+    ``simulation.client_gpus`` is given (Ray shows no GPU to a ClientApp that asks for none)."""
+    if device is None:
+        return []
+    extra = [f"simulation.device={device}"]
+    if device == "cuda" and not any(o.startswith("simulation.client_gpus=") for o in overrides):
+        extra.append("simulation.client_gpus=0.1")
+    return extra
+
+
 def _cmd_bench_round(args: argparse.Namespace) -> int:
     from flower_app.bench_round import bench_round, table
     from flower_app.simulation import exit_interrupted
 
     try:
-        report = bench_round(args.experiment, list(args.overrides), args.rounds)
+        report = bench_round(args.experiment, [*args.overrides, *_device_overrides(args.device, args.overrides)],
+                             args.rounds)
     except ConfigError as err:
         print(f"flrep: configuration error: {err}", file=sys.stderr)
         return 2
@@ -254,6 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("overrides", nargs="*", help="dotted key=value overrides")
     bench.add_argument("--rounds", type=_positive_int, default=3, help="rounds to run (default 3)")
     bench.add_argument("--out", help="also write the report as JSON to this file")
+    bench.add_argument("--device", choices=["cpu", "cuda"], help="simulation.device (cuda: with "
+                       "simulation.client_gpus=0.1 unless given, ten ClientApps per GPU)")
     bench.set_defaults(func=_cmd_bench_round)
     dep = sub.add_parser("deploy", help="run an experiment on a real local deployment: a SuperLink and N SuperNodes "
                                         "on loopback, stopped afterwards")

@@ -86,6 +86,8 @@ def check_resources(sim: DictConfig) -> None:
     import torch
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if sim.device == "cuda" and gpus == 0:
+        raise ConfigError("simulation.device=cuda, but torch sees no CUDA GPU on this machine; use auto or cpu")
     if client_gpus > gpus:
         raise ConfigError(f"simulation.client_gpus={client_gpus:g}: this machine has {gpus} CUDA GPU(s); "
                           f"use {'0' if gpus == 0 else f'at most {gpus}'}")

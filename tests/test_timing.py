@@ -36,3 +36,12 @@ def test_the_bench_report_adds_up():
     text = table({**report, "rounds": 4})
     assert "2.0 s/round" in text and "clients train compute_s" in text
     json.dumps(report)
+
+
+def test_bench_round_on_cuda_gives_the_clientapps_a_gpu_share():
+    from flower_app.cli import _device_overrides
+
+    assert _device_overrides(None, ["rounds=2"]) == []
+    assert _device_overrides("cpu", []) == ["simulation.device=cpu"]
+    assert _device_overrides("cuda", []) == ["simulation.device=cuda", "simulation.client_gpus=0.1"]
+    assert _device_overrides("cuda", ["simulation.client_gpus=0.5"]) == ["simulation.device=cuda"]
