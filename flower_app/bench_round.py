@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from flower_app.config import PROJECT_DIR
+from flower_app.memory import TreeMemory
 
 
 def machine() -> dict:
@@ -59,7 +60,12 @@ def table(report: dict) -> str:
     rows += [(f"  clients {name}", v["s"], f"{v['calls']} messages, summed")
              for name, v in report["client_seconds"].items()]
     width = max(len(r[0]) for r in rows)
-    return "\n".join(f"{name:<{width}}  {seconds:>9.3f} s  {note}" for name, seconds, note in rows)
+    lines = [f"{name:<{width}}  {seconds:>9.3f} s  {note}" for name, seconds, note in rows]
+    if "memory" in report:
+        mem = report["memory"]
+        lines.append(f"{'peak memory of the process tree':<{width}}  {mem['peak_rss_tree_mb']:>9} MiB RSS summed over "
+                     f"{mem['processes_at_peak']} processes (PSS {mem['peak_pss_tree_mb']} MiB)")
+    return "\n".join(lines)
 
 
 def bench_round(experiment: str, overrides: list[str], rounds: int) -> dict:
@@ -73,8 +79,9 @@ def bench_round(experiment: str, overrides: list[str], rounds: int) -> dict:
         cfg = load_variants(experiment, items)[0]
         check_resources(cfg.simulation)
         started = time.time()
-        run_blocking(experiment, items, int(cfg.data.num_clients), float(cfg.simulation.client_cpus),
-                     float(cfg.simulation.client_gpus))
+        with TreeMemory() as memory:
+            run_blocking(experiment, items, int(cfg.data.num_clients), float(cfg.simulation.client_cpus),
+                         float(cfg.simulation.client_gpus))
         ended = time.time()
         summary = json.loads((out / "summary.json").read_text())
     if summary.get("status") != "completed":
@@ -84,4 +91,5 @@ def bench_round(experiment: str, overrides: list[str], rounds: int) -> dict:
               "machine": machine(), "num_clients": summary["num_clients"],
               "clients_per_round": summary["clients_per_round"]}
     report.update(breakdown(summary, started, ended))
+    report["memory"] = memory.report()
     return report

@@ -29,6 +29,7 @@ from strategies.state_store import NODE_CACHE, in_simulation
 from task.learning.engine import TensorData, fast_layout, precision
 from task.learning.fairness import attribute_matrix
 from task.errors import ConfigError
+from task.data.datasets.images import ImageArray
 from task.data.federated_data import FederatedData, build_federated_data
 from task.data.node_data import check_node_data, load_node_data
 
@@ -45,8 +46,10 @@ def _data_on_device(fed, device: torch.device) -> tuple[TensorData, TensorData]:
     key = id(fed.bundle)
     if key not in _device_data:
         bundle = fed.bundle
-        train = TensorData.from_arrays(bundle.train.x, bundle.train.y, device, attribute_matrix(bundle.train.attributes))
-        test = TensorData.from_arrays(bundle.test.x, bundle.test.y, device, attribute_matrix(bundle.test.attributes))
+        train, test = (
+            (TensorData.stored_images if isinstance(split.x, ImageArray) else TensorData.from_arrays)(
+                split.x, split.y, device, attribute_matrix(split.attributes))
+            for split in (bundle.train, bundle.test))
         _device_data[key] = (bundle, train, test)  # the bundle is kept so its id stays unique
     return _device_data[key][1], _device_data[key][2]
 

@@ -193,7 +193,7 @@ def test_idx_layouts(tmp_path, layout):
     b = load_source({"name": "mnist", "root": str(tmp_path), "normalize": False})
     assert b.train.x.shape == (20, 1, 28, 28) and b.test.x.shape == (10, 1, 28, 28)
     assert b.train.y.tolist() == [i % 10 for i in range(20)]
-    assert 0.0 <= b.train.x.min() and b.train.x.max() <= 1.0
+    assert 0.0 <= np.asarray(b.train.x).min() and np.asarray(b.train.x).max() <= 1.0
 
 
 def test_fashion_idx_layout_uncompressed(tmp_path):
@@ -580,3 +580,32 @@ def test_hub_femnist_mocked(monkeypatch, tmp_path):
     b = load_source({"name": "femnist", "source": "hub", "cache_dir": str(tmp_path)})
     assert len(b.meta["writers"]) == 4 and len(b.train.y) + len(b.test.y) == 40
     assert np.bincount(b.test.group).tolist() == [1, 1, 1, 1]  # 10% of 10 samples per writer
+
+
+def test_uint8_images_stay_uint8_and_read_exactly_as_the_eager_float_conversion():
+    """ImageArray: a quarter of the memory, the same float32 values (bit for bit) as converting and
+    standardising the whole array, for the whole array, any subset and a client's tensors."""
+    import torch
+
+    from task.data.datasets.images import ImageArray, image_bundle, normalize_images
+    from task.learning.engine import TensorData
+
+    rng = np.random.default_rng(0)
+    xtr = rng.integers(0, 256, size=(40, 6, 5, 3), dtype=np.uint8)  # (N, H, W, C) as decoded
+    xte = rng.integers(0, 256, size=(10, 6, 5, 3), dtype=np.uint8)
+    bundle = image_bundle(xtr, np.zeros(40), xte, np.zeros(10), 2)
+    normalize_images(bundle)
+    assert isinstance(bundle.train.x, ImageArray) and bundle.train.x.raw.dtype == np.uint8
+    assert bundle.input_shape == (3, 6, 5)
+    eager = np.transpose(xtr, (0, 3, 1, 2)).astype(np.float32) * np.float32(1 / 255)
+    mean = eager.mean(axis=(0, 2, 3), dtype=np.float64)
+    std = np.sqrt([np.mean((eager[:, c].astype(np.float64) - mean[c]) ** 2) for c in range(3)])
+    np.testing.assert_allclose(bundle.meta["mean"], mean, rtol=1e-6)
+    np.testing.assert_allclose(bundle.meta["std"], std, rtol=1e-6)
+    eager = (eager - bundle.meta["mean"][None, :, None, None]) / bundle.meta["std"][None, :, None, None]
+    assert np.array_equal(np.asarray(bundle.train.x), eager)
+    idx = np.array([3, 0, 39, 3])
+    assert np.array_equal(bundle.train.x[idx], eager[idx])
+    stored = TensorData.stored_images(bundle.train.x, bundle.train.y, torch.device("cpu"))
+    assert stored.x.dtype == torch.uint8
+    assert torch.equal(stored.subset(torch.as_tensor(idx)).x, torch.from_numpy(eager[idx]))

@@ -45,3 +45,18 @@ def test_bench_round_on_cuda_gives_the_clientapps_a_gpu_share():
     assert _device_overrides("cpu", []) == ["simulation.device=cpu"]
     assert _device_overrides("cuda", []) == ["simulation.device=cuda", "simulation.client_gpus=0.1"]
     assert _device_overrides("cuda", ["simulation.client_gpus=0.5"]) == ["simulation.device=cuda"]
+
+
+def test_tree_memory_counts_the_processes_a_run_starts():
+    import subprocess
+    import sys
+
+    from flower_app.memory import TreeMemory
+
+    child = "import time; block = bytearray(160 * 2**20); time.sleep(1.5)"
+    with TreeMemory(interval=0.1) as memory:
+        subprocess.run([sys.executable, "-c", child], check=True)
+    report = memory.report()
+    assert report["processes_at_peak"] >= 2
+    assert report["peak_rss_tree_mb"] >= 160 + 10  # the child's block plus at least some of this process
+    assert any(rss >= 160 for _, rss in report["largest_at_peak_mb"])

@@ -59,6 +59,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from task.data.datasets.bundle import ArrayData
+from task.data.datasets.images import ImageArray
 from task.errors import ConfigError
 from task.data.partition import group_test_split, matched_test_split, partition_scheme, partition_train
 from task.data.sources import (
@@ -139,6 +140,8 @@ def check_finite(bundle: DataBundle, where: str) -> None:
     checked once per loaded source, in chunks so a large split is never copied."""
     for name, split in (("train", bundle.train), ("test", bundle.test)):
         for what, values in (("inputs", split.x), ("targets", split.y)):
+            if isinstance(values, ImageArray):
+                continue  # uint8 pixels are finite
             values = np.asarray(values)
             if not np.issubdtype(values.dtype, np.floating):
                 continue

@@ -7,6 +7,7 @@ seeded permutation (no DataLoader is built per round). Everything here is plain 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator, Sequence
 from copy import deepcopy
 from dataclasses import dataclass
@@ -15,6 +16,8 @@ import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from task.data.datasets.images import ImageArray
 
 
 @dataclass(frozen=True)
@@ -41,26 +44,47 @@ class OptimizerConfig:
 class TensorData:
     """Inputs and targets of one client split, already on the training device.
 
-    ``z`` optionally holds per-sample protected attributes, float (N, attributes).
+    ``z`` optionally holds per-sample protected attributes, float (N, attributes). A dataset
+    stored as uint8 images (:meth:`stored_images`) carries ``normalize`` = (mean, std) per
+    channel and is only a source of :meth:`subset`, which returns float32 inputs.
     """
 
     x: torch.Tensor
     y: torch.Tensor
     z: torch.Tensor | None = None
+    normalize: tuple[torch.Tensor, torch.Tensor] | None = None
+    subset_format: torch.memory_format = torch.contiguous_format  # of stored images' float subsets
 
     def __len__(self) -> int:
         return int(self.y.shape[0])
 
     @classmethod
-    def from_arrays(cls, x: np.ndarray, y: np.ndarray, device: torch.device,
+    def from_arrays(cls, x, y: np.ndarray, device: torch.device,
                     z: np.ndarray | None = None) -> TensorData:
-        """Copy numpy arrays to ``device`` once."""
+        """Copy numpy arrays (an :class:`ImageArray` converted to float32) to ``device`` once."""
         zt = torch.as_tensor(z, dtype=torch.float32).to(device) if z is not None else None
-        return cls(torch.as_tensor(x).to(device), torch.as_tensor(y).to(device), zt)
+        return cls(torch.as_tensor(np.asarray(x)).to(device), torch.as_tensor(y).to(device), zt)
+
+    @classmethod
+    def stored_images(cls, x: ImageArray, y: np.ndarray, device: torch.device,
+                      z: np.ndarray | None = None) -> TensorData:
+        """The uint8 images of ``x`` on ``device`` (a quarter of float32's memory; on a CPU the
+        numpy array's own memory), converted to float32 per :meth:`subset`."""
+        with warnings.catch_warnings():  # a read-only (e.g. memory-mapped) array is never written here
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            data = cls.from_arrays(x.raw, y, device, z)
+        mean = np.zeros(x.shape[1], np.float32) if x.mean is None else x.mean
+        std = np.ones(x.shape[1], np.float32) if x.std is None else x.std
+        data.normalize = (torch.as_tensor(mean).to(device), torch.as_tensor(std).to(device))
+        return data
 
     def subset(self, idx: torch.Tensor) -> TensorData:
-        """The samples at ``idx``."""
-        return TensorData(self.x[idx], self.y[idx], self.z[idx] if self.z is not None else None)
+        """The samples at ``idx`` (float32 inputs, bit-identical to :class:`ImageArray`'s)."""
+        x = self.x[idx]
+        if self.normalize is not None:
+            mean, std = (t.view(1, -1, *([1] * (x.dim() - 2))) for t in self.normalize)
+            x = x.to(torch.float32, memory_format=self.subset_format).mul_(1.0 / 255.0).sub_(mean).div_(std)
+        return TensorData(x, self.y[idx], self.z[idx] if self.z is not None else None)
 
 
 @dataclass
@@ -113,7 +137,9 @@ def fast_layout(model: nn.Module, data: Sequence[TensorData]) -> None:
         return
     model.to(memory_format=torch.channels_last)
     for split in data:
-        if split.x.dim() == 4:
+        if split.normalize is not None:
+            split.subset_format = torch.channels_last  # stored uint8 images stay as they are
+        elif split.x.dim() == 4:
             split.x = split.x.contiguous(memory_format=torch.channels_last)
 
 
