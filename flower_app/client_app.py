@@ -31,6 +31,7 @@ from task.learning.fairness import attribute_matrix
 from task.errors import ConfigError
 from task.data.datasets.images import ImageArray
 from task.data.federated_data import FederatedData, build_federated_data
+from task.data.partition_cache import client_data
 from task.data.node_data import check_node_data, load_node_data
 
 app = ClientApp(mods=[snapshot_mod])
@@ -63,17 +64,24 @@ def _own_data(cfg, data_path: str) -> FederatedData:
 
 @functools.lru_cache(maxsize=16)
 def _worker_cache(experiment: str, overrides: str, label: str | None, data_path: str | None,
-                  state_dir: str | None = None):
+                  state_dir: str | None = None, partition: int | None = None):
     """Config, data tensors on the device, model and initial weights (per process and variant).
     A deployed node keeps its data caches on its own disk (its ``state-dir``/cache, else its
-    user's ``~/.cache/flrep``), not under the run config's ``data.cache_dir``."""
+    user's ``~/.cache/flrep``), not under the run config's ``data.cache_dir``; one given a
+    ``partition`` (a deployed node without ``data-path``) reads only that client's data from its
+    partition cache (:mod:`task.data.partition_cache`)."""
     cfg = run_config_of({"experiment": experiment, "overrides": overrides}, label)
     if not in_simulation():
         cfg = copy.deepcopy(cfg)
         cfg.data.cache_dir = str(Path(state_dir).expanduser() / "cache" if state_dir else NODE_CACHE.expanduser())
     torch.set_num_threads(max(1, int(cfg.simulation.client_cpus)))
     device = pick_device(cfg)
-    fed = _own_data(cfg, data_path) if data_path else build_federated_data(cfg.data, int(cfg.seed))
+    if data_path:
+        fed = _own_data(cfg, data_path)
+    elif partition is not None:
+        fed = client_data(cfg.data, int(cfg.seed), partition, Path(str(cfg.data.cache_dir)).expanduser())
+    else:
+        fed = build_federated_data(cfg.data, int(cfg.seed))
     train, test = _data_on_device(fed, device)
     model = initial_model(cfg, fed.bundle).to(device)
     fast_layout(model, [train, test])
@@ -91,13 +99,15 @@ def runtime_for(context: Context, content: RecordDict | None = None) -> ClientRu
                           "--node-config \"partition-id=<i> data-path=<dir>\")")
     data_path = str(context.node_config["data-path"]) if "data-path" in context.node_config else None
     state_dir = str(context.node_config["state-dir"]) if "state-dir" in context.node_config else None
-    cfg, fed, train, test, model, head, initial, device = _worker_cache(
-        str(rc.get("experiment", "quickstart")), str(rc.get("overrides", "")), label, data_path, state_dir
-    )
     pid = int(context.node_config["partition-id"])
-    if data_path is None and not 0 <= pid < fed.num_clients:
+    one_client = data_path is None and not in_simulation()  # a deployed node: read only its partition
+    cfg, fed, train, test, model, head, initial, device = _worker_cache(
+        str(rc.get("experiment", "quickstart")), str(rc.get("overrides", "")), label, data_path, state_dir,
+        pid if one_client else None,
+    )
+    if data_path is None and not one_client and not 0 <= pid < fed.num_clients:
         raise ConfigError(f"node config: partition-id {pid} is outside the {fed.num_clients} clients of data.num_clients")
-    index = 0 if data_path else pid
+    index = 0 if data_path or one_client else pid
     train_idx = torch.as_tensor(fed.client_train[index], device=device)
     test_idx = torch.as_tensor(fed.client_test[index], device=device)
     return ClientRuntime(

@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from torch import Tensor, nn
-from torchvision.models.resnet import BasicBlock, conv1x1
 
 from task.errors import ConfigError
 
@@ -247,6 +246,8 @@ def resnet18_gn(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
     per-sample gradients are independent). Unconfirmed against TCT's code, which is not public.
     11,173,962 parameters on (3, 32, 32) with 10 classes. Groups stem, layer1..layer4, pool, fc.
     """
+    from torchvision.models.resnet import BasicBlock, conv1x1  # torchvision's import costs ~1.5 s: only here
+
     c, _, _ = _image_shape("resnet18_gn", input_shape)
 
     def norm(channels: int) -> nn.GroupNorm:
