@@ -313,10 +313,18 @@ class Experiment:
         for protocol in self.protocols:
             summary.update(protocol.summary(records, self.services))
         summary.update(self.strategy.summary_extra(records))
-        reason = self.failure_reason(trains)
+        reason = self.failure_reason(trains) or self.no_final_metric(summary, final("global_loss"))
         if reason is not None:
             summary.update(status="failed", failure_reason=reason)
         return summary
+
+    def no_final_metric(self, summary: dict, global_loss: float | None) -> str | None:
+        """Why the run has no result: no evaluation of its final window produced a loss (every
+        client's evaluation failed or was rejected, e.g. a diverged model's NaN); None otherwise."""
+        if summary["personalized_loss"] is not None or global_loss is not None:
+            return None
+        return (f"no evaluation of the final {int(self.cfg.eval.final_window)} rounds produced a metric: every "
+                "client's evaluation failed or was rejected (see the failures in metrics.jsonl)")
 
     def failure_reason(self, trains: list[dict]) -> str | None:
         """Why the run learned nothing worth reporting: too many of its training rounds were

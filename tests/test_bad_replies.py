@@ -234,3 +234,18 @@ def test_after_a_rejected_reply_c_is_exactly_the_mean_of_the_clients_c_i(tmp_pat
     assert control and all(set(c) == set(control) for c in clients)
     for key, c in control.items():
         torch.testing.assert_close(c, sum(ci[key] for ci in clients) / 4, rtol=1e-5, atol=1e-6)
+
+
+def test_a_run_whose_final_evaluations_all_fail_is_a_failed_run(tmp_path, monkeypatch):
+    """A diverged model (NaN losses) is rejected at every evaluation: the run has no result, so it
+    ends failed instead of completed with an empty headline."""
+    from strategies import ALGORITHMS as REGISTRY
+    from strategies.common import reply
+
+    monkeypatch.setitem(REGISTRY["fedrep"].handlers, "evaluate", lambda rt, content: reply(None, loss=float("nan"),
+                                                                                              accuracy=0.5))
+    overrides = f"{BASE} algorithm=fedrep rounds=2 out_dir={tmp_path}"
+    grid = LocalGrid(4, {"experiment": "quickstart", "overrides": overrides})
+    summary = Experiment(grid, load_config("quickstart", overrides.split())).run()
+    assert summary["status"] == "failed" and summary["personalized_accuracy"] is None
+    assert "no evaluation of the final 1 rounds produced a metric" in summary["failure_reason"]

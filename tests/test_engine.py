@@ -190,3 +190,29 @@ def test_sample_scores_give_every_subset_the_metrics_of_evaluate():
         direct = evaluate(model, data.subset(idx))
         assert int(correct[idx].sum()) == direct.correct
         assert float(loss[idx].double().sum()) == pytest.approx(direct.loss_sum, rel=1e-6)
+
+
+def test_a_bf16_context_around_a_whole_training_loop_trains_as_per_step_autocast_does():
+    """The precision context spans many optimizer steps: every forward pass must cast the current
+    weights (a cached cast would go stale after the first step and training would diverge)."""
+    from task.learning.engine import batch_slices, precision
+
+    torch.manual_seed(0)
+    model = build_model("fedrep_cnn", (3, 32, 32), 10)
+    reference = copy.deepcopy(model)
+    data = TensorData(torch.randn(40, 3, 32, 32), torch.randint(0, 10, (40,)))
+    opt = OptimizerConfig(0.05, momentum=0.5)
+    with precision("bf16", torch.device("cpu")):
+        train(model, data, opt, 10, torch.Generator().manual_seed(1), epochs=2)
+    sgd = opt.build(list(reference.parameters()))
+    reference.train()
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(2):
+        for idx in batch_slices(40, 10, generator, torch.device("cpu")):
+            with torch.autocast("cpu", dtype=torch.bfloat16):  # the usual form: forward and loss only
+                loss = F.cross_entropy(reference(data.x[idx]), data.y[idx])
+            sgd.zero_grad(set_to_none=True)
+            loss.backward()
+            sgd.step()
+    for key, value in reference.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[key], value, rtol=0, atol=0)

@@ -127,7 +127,9 @@ def precision(name: str, device: torch.device) -> contextlib.AbstractContextMana
     dtype = PRECISIONS[name]
     if dtype is None:
         return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
+    # No weight-cast cache: the context spans whole training loops, and a cached bf16 copy of a
+    # weight would go stale at the first optimizer step (training would diverge).
+    return torch.autocast(device_type=device.type, dtype=dtype, cache_enabled=False)
 
 
 def fast_layout(model: nn.Module, data: Sequence[TensorData]) -> None:
