@@ -42,16 +42,20 @@ PROTOCOL_HANDLERS = {kind: fn for protocol in PROTOCOLS for kind, fn in protocol
 _device_data: dict[int, tuple] = {}
 
 
+def _tensors(bundle, device: torch.device) -> tuple[TensorData, TensorData]:
+    """The train/test arrays of ``bundle`` as tensors on ``device`` (uint8 images stay uint8)."""
+    return tuple(
+        (TensorData.stored_images if isinstance(split.x, ImageArray) else TensorData.from_arrays)(
+            split.x, split.y, device, attribute_matrix(split.attributes))
+        for split in (bundle.train, bundle.test))
+
+
 def _data_on_device(fed, device: torch.device) -> tuple[TensorData, TensorData]:
-    """The full train/test arrays of ``fed``'s dataset as tensors on ``device`` (once per dataset)."""
+    """The full train/test arrays of ``fed``'s shared dataset on ``device`` (once per dataset and
+    process: every variant and client of a simulation worker slices the same tensors)."""
     key = id(fed.bundle)
     if key not in _device_data:
-        bundle = fed.bundle
-        train, test = (
-            (TensorData.stored_images if isinstance(split.x, ImageArray) else TensorData.from_arrays)(
-                split.x, split.y, device, attribute_matrix(split.attributes))
-            for split in (bundle.train, bundle.test))
-        _device_data[key] = (bundle, train, test)  # the bundle is kept so its id stays unique
+        _device_data[key] = (fed.bundle, *_tensors(fed.bundle, device))  # the bundle is kept so its id stays unique
     return _device_data[key][1], _device_data[key][2]
 
 
@@ -82,7 +86,8 @@ def _worker_cache(experiment: str, overrides: str, label: str | None, data_path:
         fed = client_data(cfg.data, int(cfg.seed), partition, Path(str(cfg.data.cache_dir)).expanduser())
     else:
         fed = build_federated_data(cfg.data, int(cfg.seed))
-    train, test = _data_on_device(fed, device)
+    # a node's own data or partition belongs to this cache entry alone
+    train, test = _tensors(fed.bundle, device) if data_path or partition is not None else _data_on_device(fed, device)
     model = initial_model(cfg, fed.bundle).to(device)
     fast_layout(model, [train, test])
     head = head_groups(cfg, model)
