@@ -62,7 +62,11 @@ class ImageArray:
         exactly, from the histogram of the 256 pixel values."""
         values = np.multiply(np.arange(256, dtype=np.uint8), np.float32(1.0 / 255.0), dtype=np.float32)
         values = values.astype(np.float64)
-        counts = np.stack([np.bincount(self.raw[:, c].reshape(-1), minlength=256) for c in range(self.shape[1])])
+        counts = np.zeros((self.shape[1], 256), dtype=np.int64)
+        for start in range(0, len(self.raw), 4096):  # bincount widens to int64: chunks bound that copy
+            block = self.raw[start:start + 4096]
+            for c in range(self.shape[1]):
+                counts[c] += np.bincount(block[:, c].reshape(-1), minlength=256)
         n = counts.sum(axis=1)
         mean = counts @ values / n
         var = (counts * (values[None, :] - mean[:, None]) ** 2).sum(axis=1) / n
@@ -75,10 +79,11 @@ def images_to_float(x_uint8: np.ndarray) -> np.ndarray:
 
 
 def channels_first(x_uint8: np.ndarray) -> np.ndarray:
-    """(N, H, W) or (N, H, W, C) uint8 -> contiguous (N, C, H, W) uint8."""
+    """(N, H, W) or (N, H, W, C) uint8 -> (N, C, H, W) uint8, a view: colour images keep their
+    channels-last memory (no copy; the layout convolutions prefer anyway)."""
     if x_uint8.ndim == 3:
         return x_uint8[:, None, :, :]
-    return np.ascontiguousarray(np.transpose(x_uint8, (0, 3, 1, 2)))
+    return np.transpose(x_uint8, (0, 3, 1, 2))
 
 
 def normalize_images(bundle: DataBundle) -> None:
