@@ -56,8 +56,7 @@ def run_blocking(experiment: str, overrides: list[str], num_supernodes: int, cli
     os.environ[SIMULATION_ENV] = "1"  # the simulated nodes (Ray workers inherit it) share this machine's disk
     backend_config = {
         "client_resources": {"num_cpus": client_cpus, "num_gpus": client_gpus},
-        "init_args": {"logging_level": "ERROR", "log_to_driver": True,
-                      "include_dashboard": False},  # Ray's web dashboard: ~220 MB of processes nobody looks at
+        "init_args": {"logging_level": "ERROR", "log_to_driver": True},
     }
     _run_simulation(
         num_supernodes=num_supernodes,
