@@ -60,3 +60,14 @@ def test_tree_memory_counts_the_processes_a_run_starts():
     assert report["processes_at_peak"] >= 2
     assert report["peak_rss_tree_mb"] >= 160 + 10  # the child's block plus at least some of this process
     assert any(rss >= 160 for _, rss in report["largest_at_peak_mb"])
+
+
+def test_bench_clientapp_times_fresh_processes(tmp_path):
+    from flower_app.bench_clientapp import main
+
+    assert main(["quickstart", "--processes", "2", "--out", str(tmp_path / "r.json")]) == 0
+    runs = json.loads((tmp_path / "r.json").read_text())["runs"]
+    assert len(runs) == 2
+    for run in runs:
+        assert set(run) == {"process_s", "imports_s", "config_s", "data_s", "model_s"}
+        assert run["process_s"] > run["imports_s"] + run["config_s"] + run["data_s"] + run["model_s"] > 0
