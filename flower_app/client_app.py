@@ -31,7 +31,7 @@ from task.learning.fairness import attribute_matrix
 from task.errors import ConfigError
 from task.data.datasets.images import ImageArray
 from task.data.federated_data import FederatedData, build_federated_data
-from task.data.partition_cache import client_data
+from task.data.partition_cache import check_partition_id, client_data
 from task.data.node_data import check_node_data, load_node_data
 
 app = ClientApp(mods=[snapshot_mod])
@@ -110,8 +110,8 @@ def runtime_for(context: Context, content: RecordDict | None = None) -> ClientRu
         str(rc.get("experiment", "quickstart")), str(rc.get("overrides", "")), label, data_path, state_dir,
         pid if one_client else None,
     )
-    if data_path is None and not one_client and not 0 <= pid < fed.num_clients:
-        raise ConfigError(f"node config: partition-id {pid} is outside the {fed.num_clients} clients of data.num_clients")
+    if data_path is None and not one_client:
+        check_partition_id(pid, fed.num_clients)
     index = 0 if data_path or one_client else pid
     train_idx = torch.as_tensor(fed.client_train[index], device=device)
     test_idx = torch.as_tensor(fed.client_test[index], device=device)

@@ -43,7 +43,7 @@ class TreeMemory:
         rss, pss, sizes = 0, 0, []
         for proc in [root, *root.children(recursive=True)]:
             try:
-                info = proc.memory_full_info() if hasattr(psutil.Process, "memory_full_info") else proc.memory_info()
+                info = proc.memory_full_info()  # with pss on Linux
                 name = " ".join(proc.cmdline()[:2])[-60:] or proc.name()
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue

@@ -59,6 +59,12 @@ def _source_stamp(data_cfg: Mapping) -> list:
     return stamps
 
 
+def check_partition_id(pid: int, num_clients: int) -> None:
+    """A node's ``partition-id`` names one of the federation's clients (else a ConfigError)."""
+    if not 0 <= pid < num_clients:
+        raise ConfigError(f"node config: partition-id {pid} is outside the {num_clients} clients of data.num_clients")
+
+
 def cache_file(data_cfg: Mapping, seed: int, pid: int, cache_dir: Path) -> Path:
     """Where client ``pid``'s partition of this data config and seed is kept."""
     key = hashlib.sha256(repr((FORMAT, _canonical(data_cfg, seed), _source_stamp(data_cfg))).encode()).hexdigest()
@@ -75,8 +81,7 @@ def client_data(data_cfg: Mapping, seed: int, pid: int, cache_dir: Path) -> Fede
     except (OSError, EOFError, pickle.UnpicklingError, AttributeError):
         pass  # not cached yet (or unreadable): build it
     fed = build_federated_data(data_cfg, seed)
-    if not 0 <= pid < fed.num_clients:
-        raise ConfigError(f"node config: partition-id {pid} is outside the {fed.num_clients} clients of data.num_clients")
+    check_partition_id(pid, fed.num_clients)
     own = one_client(fed, pid)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -82,7 +82,7 @@ class TensorData:
         """The samples at ``idx`` (float32 inputs, bit-identical to :class:`ImageArray`'s)."""
         x = self.x[idx]
         if self.normalize is not None:
-            mean, std = (t.view(1, -1, *([1] * (x.dim() - 2))) for t in self.normalize)
+            mean, std = (t.view(-1, 1, 1) for t in self.normalize)  # per channel of (N, C, H, W)
             x = x.to(torch.float32, memory_format=self.subset_format).mul_(1.0 / 255.0).sub_(mean).div_(std)
         return TensorData(x, self.y[idx], self.z[idx] if self.z is not None else None)
 
@@ -282,6 +282,13 @@ def predict(model: nn.Module, x: torch.Tensor, batch_size: int = 2048) -> torch.
     return torch.cat(outs) if outs else x.new_zeros((0,))
 
 
+def _predict_float32(model: nn.Module, x: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """:func:`predict` in float32 even inside a bf16 :func:`precision` context (scores never
+    depend on the training precision)."""
+    with torch.autocast(device_type=x.device.type, enabled=False):
+        return predict(model, x, batch_size)
+
+
 @torch.no_grad()
 def evaluate(
     model: nn.Module, data: TensorData, batch_size: int = 2048, regression: bool = False
@@ -290,8 +297,7 @@ def evaluate(
     inside a bf16 :func:`precision` context: reported metrics never depend on the precision)."""
     if len(data) == 0:
         return EvalResult(0.0, 0, 0, regression)
-    with torch.autocast(device_type=data.x.device.type, enabled=False):
-        out = predict(model, data.x, batch_size)
+    out = _predict_float32(model, data.x, batch_size)
     if regression:
         loss_sum = float(F.mse_loss(out.squeeze(-1), data.y, reduction="sum"))
         return EvalResult(loss_sum, 0, len(data), True)
@@ -305,8 +311,7 @@ def sample_scores(model: nn.Module, data: TensorData, batch_size: int = 2048,
                   regression: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-sample loss and correctness (None for regression) of ``model`` on ``data``, in
     float32, from one batched pass: any subset's metrics are then means over its indices."""
-    with torch.autocast(device_type=data.x.device.type, enabled=False):
-        out = predict(model, data.x, batch_size)
+    out = _predict_float32(model, data.x, batch_size)
     if regression:
         return F.mse_loss(out.squeeze(-1), data.y, reduction="none"), None
     return F.cross_entropy(out, data.y, reduction="none"), out.argmax(dim=1) == data.y

@@ -51,10 +51,9 @@ class ImageArray:
         """``raw`` uint8 images of this array as its float32 values."""
         out = np.empty(raw.shape, dtype=np.float32)
         np.multiply(raw, np.float32(1.0 / 255.0), out=out, casting="unsafe")
-        if self.mean is not None:
-            shape = (1, -1) + (1,) * (out.ndim - 2) if out.ndim == 4 else (-1, 1, 1)
-            out -= self.mean.reshape(shape)
-            out /= self.std.reshape(shape)
+        if self.mean is not None:  # (C, 1, 1) broadcasts over one image or a batch
+            out -= self.mean.reshape(-1, 1, 1)
+            out /= self.std.reshape(-1, 1, 1)
         return out
 
     def channel_stats(self) -> tuple[np.ndarray, np.ndarray]:
