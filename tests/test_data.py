@@ -609,3 +609,27 @@ def test_uint8_images_stay_uint8_and_read_exactly_as_the_eager_float_conversion(
     stored = TensorData.stored_images(bundle.train.x, bundle.train.y, torch.device("cpu"))
     assert stored.x.dtype == torch.uint8
     assert torch.equal(stored.subset(torch.as_tensor(idx)).x, torch.from_numpy(eager[idx]))
+
+
+def test_cache_members_are_memory_mapped_copy_on_write(tmp_path, monkeypatch):
+    """Large uncompressed cache arrays are shared file pages; writing one changes neither the
+    file nor another load; small, string and empty members load as ordinary arrays."""
+    from task.data.datasets import cache
+
+    monkeypatch.setattr(cache, "MMAP_MIN_BYTES", 1000)
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (40, 8, 8, 3), dtype=np.uint8)
+    fortran = np.asfortranarray(rng.random((30, 20), dtype=np.float32))
+    path = tmp_path / "c.npz"
+    assert cache.save_npz_atomic(path, images=images, fortran=fortran, names=np.array(["a", "bb"]),
+                                 empty=np.zeros((0, 3)), small=images[:1])
+    first = cache.load_npz(path)
+    assert isinstance(first["images"], np.memmap) and isinstance(first["fortran"], np.memmap)
+    assert not isinstance(first["small"], np.memmap) and not isinstance(first["names"], np.memmap)
+    assert np.array_equal(first["images"], images) and np.array_equal(first["fortran"], fortran)
+    assert first["names"].tolist() == ["a", "bb"] and first["empty"].shape == (0, 3)
+    first["images"][0] += 1  # copy-on-write: private to this load
+    assert np.array_equal(cache.load_npz(path)["images"], images)
+    assert np.array_equal(np.load(path)["images"], images)
+    path.write_bytes(path.read_bytes()[:200])  # a truncated cache reads as missing
+    assert cache.load_npz(path) is None

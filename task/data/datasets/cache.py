@@ -7,6 +7,7 @@ import json
 import os
 import tempfile
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -35,14 +36,41 @@ def save_npz_atomic(path: Path, **arrays: np.ndarray) -> bool:
 
 
 def load_npz(path: Path) -> dict[str, np.ndarray] | None:
-    """Load a cache ``.npz`` fully into memory; None if missing or unreadable."""
+    """Load a cache ``.npz``; None if missing or unreadable.
+
+    Members stored uncompressed (``np.savez``) of at least :data:`MMAP_MIN_BYTES` are
+    memory-mapped copy-on-write: the processes of one machine that load the same cache share its
+    pages (the operating system's file cache) until one writes to its copy, which then becomes
+    private to that process. Smaller members are read into memory.
+    """
     if not path.is_file():
         return None
     try:
-        with np.load(path, allow_pickle=False) as npz:
-            return {k: npz[k] for k in npz.files}
+        with zipfile.ZipFile(path) as zf, open(path, "rb") as fh:
+            return {info.filename.removesuffix(".npy"): _member(path, zf, fh, info) for info in zf.infolist()}
     except Exception:  # noqa: BLE001 - a corrupt cache is just rebuilt
         return None
+
+
+#: Members smaller than this are read into memory rather than memory-mapped.
+MMAP_MIN_BYTES = 1 << 20
+
+
+def _member(path: Path, zf: zipfile.ZipFile, fh, info: zipfile.ZipInfo) -> np.ndarray:
+    """One ``.npy`` member of ``zf``: memory-mapped where stored uncompressed and large enough."""
+    if info.compress_type == zipfile.ZIP_STORED and info.file_size >= MMAP_MIN_BYTES:
+        fh.seek(info.header_offset)
+        local = fh.read(30)  # the local file header: its name and extra-field lengths end it
+        fh.seek(info.header_offset + 30 + int.from_bytes(local[26:28], "little") + int.from_bytes(local[28:30], "little"))
+        version = np.lib.format.read_magic(fh)
+        read_header = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+        if read_header is not None:
+            shape, fortran, dtype = read_header(fh)
+            if not dtype.hasobject and np.prod(shape) > 0:
+                return np.memmap(path, dtype=dtype, mode="c", offset=fh.tell(), shape=shape,
+                                 order="F" if fortran else "C")
+    with zf.open(info) as member:
+        return np.lib.format.read_array(member, allow_pickle=False)
 
 
 def hash_key(*parts: Any) -> str:
