@@ -231,7 +231,8 @@ def initial_model(cfg: DictConfig, bundle):
     from task.learning.models import build_model
 
     torch.manual_seed(int(cfg.seed))
-    model = build_model(cfg.model.name, tuple(bundle.input_shape), int(bundle.num_classes), rep_dim=int(cfg.data.synthetic.k))
+    model = build_model(cfg.model.name, tuple(bundle.input_shape), int(bundle.num_classes),
+                        rep_dim=int(cfg.data.synthetic.k), output=cfg.model.output)
     if cfg.model.init == "scaled_orthonormal":
         from task.analysis.linear_rep import scaled_orthonormal_init
 

@@ -18,7 +18,7 @@ from strategies.checks import below_one, fraction, nonnegative, one_of, positive
 from task.data.datasets.femnist import FEMNIST_CLASS_MODES
 from task.data.partition import CLASS_ASSIGNMENT_MODES, PARTITIONS
 from task.data.sources import DATASET_NAMES
-from task.learning.models import MODEL_NAMES
+from task.learning.models import MODEL_NAMES, OUTPUTS
 
 
 @dataclass
@@ -26,6 +26,7 @@ class ModelConfig:
     name: one_of(MODEL_NAMES) = MISSING  # type: ignore[valid-type]
     head: Optional[list[str]] = MISSING
     init: Literal["default", "scaled_orthonormal"] = MISSING
+    output: one_of(OUTPUTS) = MISSING  # type: ignore[valid-type]
 
 
 @dataclass

@@ -165,3 +165,11 @@ def test_types_choices_and_keys_are_checked_by_the_schema(override, message):
     with pytest.raises(ConfigError) as info:
         load_config("quickstart", [override])
     assert str(info.value).startswith(message)
+
+
+def test_model_output_is_validated():
+    message = error_of("model.output=probs")
+    assert "model.output" in message and "softmax" in message
+    message = error_of("model.output=softmax", experiment="linear_fedrep")  # a regression model
+    assert "model.output" in message and "logits" in message
+    validate_with_data(load_config("quickstart", ["model.output=softmax"]))

@@ -214,3 +214,43 @@ def test_slicing_keeps_a_split_model():
     model = build("lenet5")
     body = model[:2]
     assert isinstance(body, SplitModel) and body.group_names == ["conv1", "conv2"]
+
+
+@pytest.mark.parametrize("name", ["mlp_mnist", "mlp_femnist", "fedrep_cnn", "resnet18_gn", "digits_mlp"])
+def test_softmax_output_is_the_official_double_softmax(name):
+    shape, classes, count, groups = MODELS[name]
+    torch.manual_seed(0)
+    probs_model = build_model(name, shape, classes, output="softmax").eval()
+    logits_model = build(name)
+    # the same parameters, keys and initial weights: only the output differs
+    assert probs_model.state_dict().keys() == logits_model.state_dict().keys() and n_params(probs_model) == count
+    for key, value in logits_model.state_dict().items():
+        torch.testing.assert_close(probs_model.state_dict()[key], value)
+    assert probs_model.group_names == groups and probs_model.default_head == (groups[-1],)
+    x, y = torch.randn(6, *shape), torch.randint(0, classes, (6,))
+    with torch.no_grad():
+        probs, logits = probs_model(x), logits_model(x)
+        torch.testing.assert_close(probs.sum(dim=1), torch.ones(6))
+        torch.testing.assert_close(probs, torch.softmax(logits, dim=1))
+        assert torch.equal(probs.argmax(dim=1), logits.argmax(dim=1))
+        # the unchanged loss treats the probabilities as logits: cross-entropy of softmax(logits)
+        torch.testing.assert_close(nn.functional.cross_entropy(probs, y),
+                                   nn.functional.cross_entropy(torch.softmax(logits, dim=1), y))
+        z = probs_model.features(x, probs_model.default_head)  # FedRep's head on cached features
+        torch.testing.assert_close(probs_model.head_forward(z, probs_model.default_head), probs)
+
+
+@pytest.mark.parametrize(("name", "classes"), [("linear_rep", 1), ("quadratic", 1), ("adult_fair", 2), ("linear", 1)])
+def test_softmax_output_refused_where_outputs_are_not_class_scores(name, classes):
+    shape = MODELS[name][0]
+    with pytest.raises(ConfigError, match="model.output") as err:
+        build_model(name, shape, classes, output="softmax")
+    assert "logits" in str(err.value)
+    with pytest.raises(ConfigError, match="model.output.*allowed"):
+        build_model("mlp_mnist", (1, 28, 28), 10, output="probs")
+
+
+def test_softmax_output_of_the_linear_classifier():
+    model = build_model("linear", (5,), 3, output="softmax")
+    assert list(model.state_dict()) == ["fc1.1.weight", "fc1.1.bias"]
+    torch.testing.assert_close(model(torch.randn(4, 5)).sum(dim=1), torch.ones(4))

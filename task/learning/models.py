@@ -5,8 +5,10 @@ A :class:`SplitModel` is an ``nn.Sequential`` whose entries are *layer groups* (
 the shared body and the personal head by group name, never by position. Flattening always
 happens inside a group, so any suffix of the groups can serve as the head.
 
-Models output logits: the official codes end in ``log_softmax``/``softmax``, which here
-belongs to the loss.
+Models output logits by default (``model.output=logits``): the official CNNs end in
+``log_softmax``, which cross-entropy makes a no-op. The official MLPs of LG-FedAvg (MNIST) and
+FedRep (FEMNIST) end in ``softmax`` and still feed cross-entropy, i.e. softmax twice;
+``model.output=softmax`` reproduces that (:class:`SoftmaxLinear` as the output layer).
 """
 
 from __future__ import annotations
@@ -27,6 +29,13 @@ RESNET_GN_GROUPS = 2
 
 #: Default representation dimension k of ``linear_rep`` (FedRep's synthetic setting, d=20, k=2).
 LINEAR_REP_DIM = 2
+
+#: ``model.output``: what the network's forward returns.
+OUTPUTS = ("logits", "softmax")
+
+#: Models whose outputs are not class scores of a plain forward pass (regression, or FairMLP whose
+#: ``classify`` feeds its own softmax): ``model.output=softmax`` is refused for them.
+_LOGITS_ONLY = ("quadratic", "linear_rep", "adult_fair")
 
 
 class SplitModel(nn.Sequential):
@@ -95,6 +104,34 @@ class SplitModel(nn.Sequential):
         for module in self._group_modules()[self.split_at(head) :]:
             z = module(z)
         return z
+
+
+class SoftmaxLinear(nn.Linear):
+    """A linear layer whose output is ``softmax(dim=1)`` of its logits: the official MLPs' output
+    layer (``model.output=softmax``). Same parameters and state-dict keys as ``nn.Linear``."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Class probabilities."""
+        return torch.softmax(super().forward(x), dim=1)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, softmax over dim 1"
+
+
+def _softmax_output(model: SplitModel) -> SplitModel:
+    """Replace the output layer (the last group, or its last module, an ``nn.Linear``) by a
+    :class:`SoftmaxLinear` with the same weights (no random numbers drawn)."""
+    path = model.group_names[-1]
+    if isinstance(model.get_submodule(path), nn.Sequential):
+        path = f"{path}.{len(model.get_submodule(path)) - 1}"
+    last = model.get_submodule(path)
+    if type(last) is not nn.Linear:
+        raise ConfigError(f"model.output: 'softmax' needs a linear output layer; {path} is {type(last).__name__}")
+    new = nn.utils.skip_init(SoftmaxLinear, last.in_features, last.out_features, bias=last.bias is not None,
+                             device=last.weight.device, dtype=last.weight.dtype)
+    new.load_state_dict(last.state_dict())
+    model.set_submodule(path, new)
+    return model
 
 
 def _as_list(groups: Iterable[str]) -> list[str]:
@@ -359,15 +396,30 @@ MODEL_NAMES: tuple[str, ...] = tuple(_BUILDERS)
 
 
 def build_model(
-    name: str, input_shape: tuple[int, ...], num_classes: int, *, rep_dim: int = LINEAR_REP_DIM
+    name: str,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    *,
+    rep_dim: int = LINEAR_REP_DIM,
+    output: str = "logits",
 ) -> SplitModel:
     """Build model ``name`` for inputs of ``input_shape`` ((C, H, W) or (D,)).
 
-    ``rep_dim`` (the representation dimension k) is used by ``linear_rep`` only.
+    ``rep_dim`` (the representation dimension k) is used by ``linear_rep`` only. ``output``
+    (``model.output``, one of :data:`OUTPUTS`): ``softmax`` makes forward return class
+    probabilities, which the unchanged cross-entropy then treats as logits (the official MLPs).
     """
     if name not in _BUILDERS:
         raise ConfigError(f"model.name: unknown model {name!r}; allowed: {list(MODEL_NAMES)}")
+    if output not in OUTPUTS:
+        raise ConfigError(f"model.output: unknown value {output!r}; allowed: {list(OUTPUTS)}")
+    if output == "softmax" and (name in _LOGITS_ONLY or num_classes < 2):
+        raise ConfigError(
+            f"model.output: 'softmax' needs a classifier with at least 2 classes; model.name={name!r} with "
+            f"{num_classes} output(s) is not one (use logits)"
+        )
     input_shape = tuple(input_shape)
     if name == "linear_rep":
         return linear_rep(input_shape, num_classes, rep_dim)
-    return _BUILDERS[name](input_shape, num_classes)
+    model = _BUILDERS[name](input_shape, num_classes)
+    return _softmax_output(model) if output == "softmax" else model
