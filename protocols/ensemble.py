@@ -1,6 +1,6 @@
 """New Test (LG-FedAvg Table 1): after training, every client sends its own part once and the
-server averages the logits of all local models (each over the current global part) on the
-global test set.
+server averages the outputs of all local models (each over the current global part) on the
+global test set: their logits, or their softmax probabilities (``new_test.average``).
 
 It applies to algorithms whose server half answers ``local_part_messages`` (LG-FedAvg's local
 parts, Local-only's whole models) and whose clients answer ``query.localpart``. Because it
@@ -10,9 +10,12 @@ on in the configs that reproduce the paper's tables) and says so in the log.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from logging import INFO, WARNING
+from typing import Literal
 
+import torch
 from flwr.common.logger import log
 from omegaconf import MISSING
 
@@ -28,6 +31,25 @@ class NewTestConfig:
     """``new_test.*``."""
 
     enabled: bool = MISSING  # upload every client's own part once after training (the paper's New Test)
+    average: Literal["logits", "softmax"] = MISSING  # what is averaged over the local models' outputs
+
+
+#: ``new_test.average`` -> the transform of each model's logits before they are averaged. Averaging
+#: log-softmax outputs (the official code's CNNs) ranks classes exactly as averaging logits: per
+#: sample, the two differ by the models' mean log-partition, the same for every class.
+AVERAGED: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "logits": lambda z: z,
+    "softmax": lambda z: z.softmax(dim=1),
+}
+
+
+def ensemble_predictions(outputs: Iterable[torch.Tensor], average: str) -> torch.Tensor | None:
+    """The ensemble's class per sample from each model's logits (N, classes), averaged as
+    ``average`` says (a running sum: one model's outputs in memory at a time); None without models."""
+    transform, total = AVERAGED[average], None
+    for z in outputs:
+        total = transform(z.double()) if total is None else total + transform(z.double())
+    return None if total is None else total.argmax(dim=1)
 
 
 class NewTest(PaperProtocol):
@@ -50,16 +72,20 @@ class NewTest(PaperProtocol):
         replies, failed = services.send(messages, "newtest")
         evaluator = services.evaluator
         test = evaluator.split(services.data.global_test)
-        logits = None
         evaluator.load(services.get_arrays())  # shared part; each reply then replaces the whole own part
-        for rep in replies:
-            evaluator.load(rep.content[ARRAYS])
-            out = predict(evaluator.model, test.x).double()
-            logits = out if logits is None else logits + out
-        record = {"round": t, "phase": "newtest", "new_test_models": len(replies), **failure_fields(failed)}
-        if logits is not None:
-            record["new_test_accuracy"] = float((logits.argmax(dim=1) == test.y).double().mean())
-            log(INFO, "[flrep] New Test (logits of %d local models averaged): %s", len(replies),
+
+        def outputs() -> Iterator[torch.Tensor]:
+            for rep in replies:
+                evaluator.load(rep.content[ARRAYS])
+                yield predict(evaluator.model, test.x)
+
+        average = str(services.cfg.new_test.average)
+        predicted = ensemble_predictions(outputs(), average)
+        record = {"round": t, "phase": "newtest", "new_test_models": len(replies), "new_test_average": average,
+                  **failure_fields(failed)}
+        if predicted is not None:
+            record["new_test_accuracy"] = float((predicted == test.y).double().mean())
+            log(INFO, "[flrep] New Test (%s of %d local models averaged): %s", average, len(replies),
                 fmt(record["new_test_accuracy"]))
         return record
 

@@ -15,9 +15,13 @@ model; a client that has no local part yet receives the warm-start model's local
 Client: loads the global part and its own local part (kept across rounds on the node:
 ``context.state``, or the node's disk when large, see ``strategies/state_store.py``), trains
 both for the local epochs, keeps the local part and sends back the global part.
-Evaluation (Local Test): each client with its own local part and the current global part.
+Evaluation (Local Test): each client with its own local part and the current global part;
+the headline is the final-window mean. The summary also reports the official code's selection
+(``local_test_best_over_rounds``): each client's best Local Test accuracy over the rounds in
+which it was evaluated, from the warm-start model LG starts from on, chosen on its test data.
 New Test: after training every client sends its local part once (``query.localpart``); the
-server averages the logits of all local models with the global part on the global test set.
+server averages the logits (or softmax outputs) of all local models with the global part on
+the global test set.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Optional
 
+import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
@@ -151,8 +156,32 @@ class LGFedAvg(ServerHooks, FedAvg):
                               "query.localpart")
 
     def summary_extra(self, records: list[dict]) -> dict:
-        """The first LG round (None: training never left the FedAvg warm start)."""
-        return {"lg_switch_round": self.switch_round}
+        """The first LG round (None: training never left the FedAvg warm start) and the best
+        Local Test over rounds, from the last warm-start round (the model LG starts from) on."""
+        out: dict = {"lg_switch_round": self.switch_round}
+        if self.switch_round is not None:
+            start = self.switch_round - 1
+            evals = [r for r in records if r["phase"] == "eval" and r["round"] >= start]
+            out.update(local_test_best_from_round=start, **best_over_rounds(evals))
+        return out
+
+
+def best_over_rounds(evals: list[dict]) -> dict:
+    """The official code's Local Test selection (main_lg.py ``best_acc_list``): each client's
+    highest accuracy over the evaluation records that hold it (the latest round on ties), and
+    their mean over clients. A selection on test data: reported beside the final-window mean, never instead."""
+    best: dict[str, float] = {}
+    at: dict[str, int] = {}
+    for record in evals:
+        for client, acc in (record.get("client_accuracy") or {}).items():
+            if client not in best or acc >= best[client]:
+                best[client], at[client] = acc, int(record["round"])
+    clients = sorted(best, key=int)
+    return {
+        "local_test_best_over_rounds": float(np.mean([best[c] for c in clients])) if clients else None,
+        "local_test_best_client_accuracy": {c: best[c] for c in clients},
+        "local_test_best_client_round": {c: at[c] for c in clients},
+    }
 
 
 def make_strategy(cfg: DictConfig) -> Strategy:

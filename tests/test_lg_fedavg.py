@@ -106,13 +106,78 @@ def test_lg_config_errors_name_the_key():
 
 
 def test_local_only_new_test_ensembles_the_clients_own_models(tmp_path):
-    overrides = f"wandb.enabled=false out_dir={tmp_path} algorithm=local_only compare=[] rounds=3 new_test.enabled=true"
+    """The official code's average (softmax outputs), recomputed from the uploaded models."""
+    overrides = (f"wandb.enabled=false out_dir={tmp_path} algorithm=local_only compare=[] rounds=3 "
+                 "new_test.enabled=true new_test.average=softmax")
     grid = LocalGrid(20, {"experiment": "quickstart", "overrides": overrides})
     summary = run_variants(grid, load_variants("quickstart", overrides))
     sent_models = [r for r in grid.replies if ARRAYS in r.content and len(r.content[ARRAYS]) > 0]
     assert len(sent_models) == 20  # each client's model crosses the wire once, for the New Test only
     assert 0.1 < summary["new_test_accuracy"] <= 1.0
     assert summary["params_up"] == 20 * sum(v.numel() for v in build_model("digits_mlp", (1, 8, 8), 10).state_dict().values())
+
+    from task.data.federated_data import build_federated_data
+
+    cfg = load_variants("quickstart", overrides.split())[0]
+    fed = build_federated_data(cfg.data, cfg.seed)
+    x = torch.as_tensor(np.asarray(fed.bundle.test.x)[fed.global_test])
+    y = torch.as_tensor(fed.bundle.test.y[fed.global_test])
+    model = build_model("digits_mlp", (1, 8, 8), 10).eval()
+    probs, logits = 0, 0
+    for rep in sent_models:
+        model.load_state_dict(rep.content[ARRAYS].to_torch_state_dict())
+        with torch.no_grad():
+            z = model(x).double()
+        probs, logits = probs + z.softmax(dim=1), logits + z
+    assert summary["new_test_accuracy"] == pytest.approx(float((probs.argmax(1) == y).double().mean()), abs=1e-12)
+    newtest = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines() if '"newtest"' in line]
+    assert newtest[0]["new_test_average"] == "softmax"
+
+
+def test_new_test_averages_softmax_outputs_or_logits():
+    """A toy ensemble where the two averages disagree; log-softmax outputs rank like logits."""
+    from protocols.ensemble import ensemble_predictions
+
+    confident = torch.tensor([[10.0, 0.0]])  # p = (1.00, 0.00)
+    unsure = torch.tensor([[0.0, 2.0]])  # p = (0.12, 0.88)
+    models = [confident, unsure, unsure]  # mean p = (0.41, 0.59); mean logits = (3.3, 1.3)
+    assert ensemble_predictions(models, "softmax").tolist() == [1]
+    assert ensemble_predictions(models, "logits").tolist() == [0]
+    assert ensemble_predictions([], "softmax") is None
+    g = torch.Generator().manual_seed(0)
+    many = [torch.randn(500, 10, generator=g) * s for s in (1.0, 3.0, 0.3)]
+    assert torch.equal(ensemble_predictions([z.log_softmax(dim=1) for z in many], "logits"),
+                       ensemble_predictions(many, "logits"))
+    with pytest.raises(ConfigError, match="new_test.average"):
+        load_config("quickstart", ["new_test.average=log_softmax"])
+
+
+class FlakyGrid(LocalGrid):
+    """Partition 3 fails its evaluation of round 4 (and nothing else)."""
+
+    def send_and_receive(self, messages, *, timeout=None):
+        messages = list(messages)
+        self.fail = {3} if any(m.metadata.message_type == "evaluate" and int(m.content["config"]["server-round"]) == 4
+                               for m in messages) else set()
+        return super().send_and_receive(messages, timeout=timeout)
+
+
+def test_local_test_best_over_rounds_is_each_clients_best_evaluated_round(tmp_path):
+    overrides = (f"wandb.enabled=false out_dir={tmp_path} algorithm=lg_fedavg compare=[] lg.global_part=[fc2] "
+                 "lg.fedavg_rounds=2 rounds=7 eval.every=2 eval.final_window=1")
+    grid = FlakyGrid(20, {"experiment": "quickstart", "overrides": overrides})
+    summary = run_variants(grid, load_variants("quickstart", overrides))
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    evals = {r["round"]: r["client_accuracy"] for r in records if r["phase"] == "eval"}
+    assert sorted(evals) == [1, 2, 4, 6, 7] and "3" not in evals[4] and len(evals[6]) == 20
+    # from the warm-start model LG starts from (round 2) on; round 1 is not a candidate
+    assert summary["lg_switch_round"] == 3 and summary["local_test_best_from_round"] == 2
+    best = {c: max(evals[t][c] for t in (2, 4, 6, 7) if c in evals[t]) for c in evals[6]}
+    assert summary["local_test_best_client_accuracy"] == best
+    assert summary["local_test_best_over_rounds"] == pytest.approx(float(np.mean(list(best.values()))))
+    rounds = summary["local_test_best_client_round"]
+    assert rounds["3"] != 4 and all(evals[rounds[c]][c] == best[c] for c in best)
+    assert summary["personalized_accuracy"] == pytest.approx(float(np.mean(list(evals[7].values()))))
 
 
 def test_reply_order_does_not_change_the_run(tmp_path):
