@@ -7,7 +7,10 @@ Client: load the received body and its own head (kept in ``context.state`` acros
 the run's common initial head the first time), train the head with the body frozen
 (``fedrep.head_epochs`` epochs, or ``fedrep.head_steps`` steps, or exactly by least squares
 with ``fedrep.head_solver=exact``), then the body with the head frozen for the usual local
-epochs/steps, keep the head and send back the body only.
+epochs/steps, keep the head and send back the body only. The head trains on body features
+computed once in eval mode (``fedrep.head_features=eval``), or, as the official code does,
+on the whole model's train-mode forward pass every batch (``train_mode``: a body's dropout
+is active and ``train.augment`` applies).
 
 The client helpers below are shared with FedPer (``strategies/fedper.py``), which keeps a
 head the same way but trains head and body jointly.
@@ -28,7 +31,7 @@ from strategies.checks import nonnegative, positive, require
 from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, register
 from strategies.common import ARRAYS, NUM_EXAMPLES, ClientRuntime, body_keys, configured_head, reply, round_config
 from strategies.state_store import keep_arrays, kept_arrays
-from task.learning.engine import TrainResult, fit_head_least_squares, train_head_on_features
+from task.learning.engine import TrainResult, fit_head_least_squares, train_head_in_train_mode, train_head_on_features
 
 HEAD_STATE = "head"
 COLD_START_SALT = 4049  # head fits of never-sampled clients shuffle apart from training rounds
@@ -90,23 +93,19 @@ def keep_head(rt: ClientRuntime) -> None:
 
 
 def fit_head(rt: ClientRuntime, server_round: int, salt: int = 0) -> TrainResult:
-    """Train the head on frozen-body features as ``fedrep.*`` configures it, at the round's rate."""
+    """Train the head with the body frozen as ``fedrep.*`` configures it, at the round's rate."""
     fr = rt.cfg.fedrep
     head = rt.head
     if fr.head_solver == "exact":
         fit_head_least_squares(rt.model, head, rt.train)
         return TrainResult(0.0, 0, len(rt.train))
-    return train_head_on_features(
-        rt.model,
-        head,
-        rt.train,
-        rt.optimizer(server_round),
-        int(rt.cfg.train.batch_size),
-        rt.generator(server_round, salt + 1),
-        epochs=int(fr.head_epochs),
-        steps=fr.head_steps,
-        regression=rt.regression,
-    )
+    opt, batch, gen = rt.optimizer(server_round), int(rt.cfg.train.batch_size), rt.generator(server_round, salt + 1)
+    if fr.head_features == "train_mode":
+        augment = None if rt.cfg.train.augment == "none" else str(rt.cfg.train.augment)
+        return train_head_in_train_mode(rt.model, head, rt.train, opt, batch, gen, epochs=int(fr.head_epochs),
+                                        steps=fr.head_steps, regression=rt.regression, augment=augment)
+    return train_head_on_features(rt.model, head, rt.train, opt, batch, gen, epochs=int(fr.head_epochs),
+                                  steps=fr.head_steps, regression=rt.regression)
 
 
 def body_parameters(rt: ClientRuntime) -> list[torch.nn.Parameter]:
@@ -154,12 +153,15 @@ class FedRepConfig:
     head_solver: Literal["sgd", "exact"] = MISSING
     orthonormalize: bool = MISSING
     unsampled_head: Literal["initial", "fit"] = MISSING
+    head_features: Literal["eval", "train_mode"] = MISSING
 
 
 def check(cfg: DictConfig) -> None:
-    """Orthonormalising needs the linear body."""
+    """Orthonormalising needs the linear body; the train-mode head pass needs SGD head epochs."""
     require(not cfg.fedrep.orthonormalize or cfg.model.name == "linear_rep", "fedrep.orthonormalize",
             f"orthonormalising the body needs model.name=linear_rep, got {cfg.model.name!r}")
+    require(cfg.fedrep.head_features == "eval" or cfg.fedrep.head_solver == "sgd", "fedrep.head_features",
+            "train_mode trains the head by SGD; fedrep.head_solver=exact fits it in closed form")
 
 
 def check_model(cfg: DictConfig, data, model: torch.nn.Module) -> None:

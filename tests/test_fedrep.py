@@ -1,10 +1,12 @@
 """FedRep and FedPer: what leaves the client, the kept head, the frozen phases, cold starts."""
 
 import json
+from collections import OrderedDict
 
 import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from torch import nn
 
 from flower_app.config import load_config, load_variants
 from flower_app.server_app import run_variants
@@ -12,14 +14,14 @@ from strategies import ALGORITHMS, fedrep
 from strategies.common import ARRAYS, CONFIG, METRICS, ClientRuntime, body_keys, head_keys
 from task.learning.engine import TensorData, evaluate
 from task.errors import ConfigError
-from task.learning.models import build_model
+from task.learning.models import SplitModel, build_model
 from tests.local_grid import LocalGrid
 
 
-def make_runtime(algorithm="fedrep", overrides=(), seed=0, state=None):
+def make_runtime(algorithm="fedrep", overrides=(), seed=0, state=None, model=None):
     cfg = load_config("quickstart", [f"algorithm={algorithm}", "compare=[]", *overrides])
     torch.manual_seed(cfg.seed)
-    model = build_model("digits_mlp", (1, 8, 8), 10)
+    model = model if model is not None else build_model("digits_mlp", (1, 8, 8), 10)
     g = torch.Generator().manual_seed(seed)
     train = TensorData(torch.randn(40, 1, 8, 8, generator=g), torch.randint(0, 10, (40,), generator=g))
     test = TensorData(torch.randn(20, 1, 8, 8, generator=g), torch.randint(0, 10, (20,), generator=g))
@@ -119,6 +121,60 @@ def test_each_phase_leaves_the_frozen_part_unchanged(monkeypatch):
     for k in head:
         assert torch.equal(before[k], after[k]), f"body phase changed head {k}"
     assert any(not torch.equal(before[k], after[k]) for k in body)
+
+
+def dropout_mlp():
+    """digits_mlp's shape with Dropout(0.5) at the end of the body (as FedRep's CIFAR-100 CNN has)."""
+    torch.manual_seed(0)
+    return SplitModel(OrderedDict(fc1=nn.Sequential(nn.Flatten(), nn.Linear(64, 64), nn.ReLU(), nn.Dropout(0.5)),
+                                  fc2=nn.Linear(64, 10)))
+
+
+def fitted_head(mode, model=None):
+    """The head after one head phase in ``fedrep.head_features`` mode, and the body before and after."""
+    rt = make_runtime(overrides=[f"fedrep.head_features={mode}"], model=model)
+    rt.reset_model()
+    body = body_keys(rt.model, rt.cfg)
+    before = snapshot(rt.model, body)
+    fedrep.fit_head(rt, 1)
+    assert all(p.requires_grad for p in rt.model.parameters())  # the frozen body is trainable again
+    return snapshot(rt.model, head_keys(rt.model, rt.cfg)), before, snapshot(rt.model, body)
+
+
+def test_train_mode_head_phase_keeps_the_body_and_samples_dropout():
+    """The official head epochs: train-mode forward passes with the body frozen. With dropout in
+    the body they differ from the eval-mode feature cache; without, they agree up to rounding."""
+    head, body_before, body_after = fitted_head("train_mode", dropout_mlp())
+    for k, v in body_before.items():
+        assert torch.equal(v, body_after[k]), f"train-mode head phase changed body {k}"
+    cached, _, _ = fitted_head("eval", dropout_mlp())
+    assert not torch.allclose(head["fc2.weight"], cached["fc2.weight"], atol=1e-3)
+    assert not torch.equal(head["fc2.weight"], dropout_mlp().state_dict()["fc2.weight"])
+    plain, _, _ = fitted_head("train_mode")
+    plain_cached, _, _ = fitted_head("eval")
+    for k, v in plain.items():
+        torch.testing.assert_close(v, plain_cached[k], rtol=0, atol=1e-6)
+    with pytest.raises(ConfigError, match="fedrep.head_features"):
+        load_config("quickstart", ["fedrep.head_features=train_mode", "fedrep.head_solver=exact"])
+
+
+def test_train_mode_head_phase_runs_in_the_real_loop(tmp_path, monkeypatch):
+    """The key reaches every client's head phase; on a model without dropout the run matches the eval-mode one."""
+    calls = []
+    real = fedrep.train_head_in_train_mode
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs["augment"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fedrep, "train_head_in_train_mode", counted)
+    overrides = (f"wandb.enabled=false out_dir={tmp_path} rounds=3 "
+                 "compare=['fedrep.head_features=train_mode label=fedrep-train-mode']")
+    grid = LocalGrid(20, {"experiment": "quickstart", "overrides": overrides})
+    summary = run_variants(grid, load_variants("quickstart", overrides))
+    assert calls == [None] * 15  # 5 clients x 3 rounds, train.augment=none
+    comp = summary["comparison"]
+    assert comp["fedrep-train-mode"]["personalized_accuracy"] == pytest.approx(comp["fedrep"]["personalized_accuracy"])
 
 
 def test_weight_decay_does_not_touch_the_frozen_head():

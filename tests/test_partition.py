@@ -12,7 +12,13 @@ import pytest
 
 from task.errors import ConfigError
 from task.data.federated_data import FederatedData, build_federated_data, clear_caches
-from task.data.partition import PARTITIONS, group_test_split, matched_test_split, partition_train
+from task.data.partition import (
+    PARTITIONS,
+    class_shard_test_split,
+    group_test_split,
+    matched_test_split,
+    partition_train,
+)
 from task.data.synthetic import make_linear_tasks
 from offline_data import shared
 
@@ -29,6 +35,7 @@ SCHEMES = {
     "pathological": {"partition": "pathological", "classes_per_client": 3},
     "dirichlet": {"partition": "dirichlet", "dirichlet_alpha": 0.3, "min_partition_size": 20},
     "shard": {"partition": "shard", "shards_per_client": 2, "shard_size": 70},
+    "class_shards": {"partition": "class_shards", "shards_per_client": 2},
 }
 
 
@@ -41,7 +48,7 @@ def check_disjoint(parts, n):
 
 
 def test_partition_names():
-    assert PARTITIONS == ("iid", "pathological", "dirichlet", "shard", "natural")
+    assert PARTITIONS == ("iid", "pathological", "dirichlet", "shard", "class_shards", "natural")
 
 
 @pytest.mark.parametrize("scheme", list(SCHEMES))
@@ -136,6 +143,9 @@ def test_natural_partition_toy():
         ({"partition": "shard", "shards_per_client": 0}, 10, "data.shards_per_client"),
         ({"partition": "shard", "shard_size": 200, "shards_per_client": 2}, 10, "data.shard_size"),
         ({"partition": "shard", "shards_per_client": 400}, 10, "data.shards_per_client"),
+        ({"partition": "class_shards", "shards_per_client": 3}, 5, "data.shards_per_client"),
+        ({"partition": "class_shards", "shard_size": 50}, 10, "data.shard_size"),
+        ({"partition": "class_shards", "shards_per_client": 100}, 100, "data.partition"),
         ({"partition": "iid"}, 0, "data.num_clients"),
         ({"partition": "iid"}, 5000, "data.num_clients"),
     ],
@@ -143,6 +153,67 @@ def test_natural_partition_toy():
 def test_bad_partition_keys(labels, cfg, n, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         partition_train(labels, None, cfg, n, seed=0)
+
+
+# ----------------------------------------------------------------------------- class shards (official FedRep)
+
+
+def shard_blocks(labels: np.ndarray, shards_per_class: int) -> list[np.ndarray]:
+    """The official code's shards: each class's indices in order, cut into equal consecutive blocks."""
+    return [b for c in np.unique(labels) for b in np.split(np.flatnonzero(labels == c), shards_per_class)]
+
+
+def test_class_shards_deal_whole_single_class_shards():
+    # CIFAR-10 (100, 2) in miniature: 10 equal classes in a shuffled order, 20 clients x 2 shards
+    labels = np.random.default_rng(0).permutation(np.repeat(np.arange(10), 100))
+    test_labels = np.random.default_rng(1).permutation(np.repeat(np.arange(10), 20))
+    cfg = SCHEMES["class_shards"]
+    parts = partition_train(labels, None, cfg, 20, seed=3)
+    tests = class_shard_test_split(labels, test_labels, cfg, 20, seed=3)
+    train_blocks, test_blocks = shard_blocks(labels, 4), shard_blocks(test_labels, 4)  # 40 shards: 4 per class
+    check_disjoint(parts, len(labels))
+    check_disjoint(tests, len(test_labels))
+    assert sum(map(len, parts)) == len(labels) and sum(map(len, tests)) == len(test_labels)
+    for p, t in zip(parts, tests):
+        assert len(p) == 2 * 25 and len(t) == 2 * 5  # shards_per_client x shard size
+        own = [b for b in train_blocks if np.isin(b, p).any()]
+        assert all(np.isin(b, p).all() for b in own) and len(own) == 2 and sum(map(len, own)) == 50
+        # the test shards are of the train shards' classes, with the same multiplicity
+        np.testing.assert_array_equal(np.bincount(test_labels[t], minlength=10) // 5,
+                                      np.bincount(labels[p], minlength=10) // 25)
+        assert all(np.isin(b, t).all() for b in test_blocks if np.isin(b, t).any())
+    again = partition_train(labels, None, cfg, 20, seed=3)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again))
+    assert all(np.array_equal(a, b) for a, b in zip(tests, class_shard_test_split(labels, test_labels, cfg, 20, 3)))
+
+
+def test_class_shards_give_some_clients_one_class_twice():
+    # (100, 2) on 10 classes: a client's second label repeats its first with probability 19/199 = 9.5%
+    labels = np.repeat(np.arange(10), 500)
+    repeats = [sum(len(np.unique(labels[p])) == 1 for p in partition_train(labels, None, SCHEMES["class_shards"], 100, s))
+               for s in range(20)]
+    assert 0.06 < np.mean(repeats) / 100 < 0.13 and min(repeats) < max(repeats)
+
+
+def test_class_shards_spread_the_leftover_over_the_first_shards():
+    labels = np.repeat(np.arange(2), [13, 9])  # 2 classes of 4 shards: sizes 4,3,3,3 and 3,2,2,2
+    shards = [[0, 1, 2, 12], [3, 4, 5], [6, 7, 8], [9, 10, 11], [13, 14, 21], [15, 16], [17, 18], [19, 20]]
+    parts = partition_train(labels, None, {"partition": "class_shards", "shards_per_client": 2}, 4, seed=0)
+    check_disjoint(parts, len(labels))
+    for p in parts:
+        own = [b for b in shards if np.isin(b, p).any()]
+        assert len(own) == 2 and sorted(np.concatenate(own).tolist()) == p.tolist()
+
+
+def test_build_federated_data_class_shards(tmp_path):
+    clear_caches()
+    fd = build_federated_data(digits_cfg(tmp_path, partition="class_shards", shards_per_client=2,
+                                         test_per_client=7), seed=0)
+    y, yt = fd.bundle.train.y, fd.bundle.test.y
+    assert fd.num_clients == 10 and sum(map(len, fd.client_train)) == len(y)
+    assert sum(map(len, fd.client_test)) == len(yt)  # the whole test set, test_per_client ignored
+    for p, t in zip(fd.client_train, fd.client_test):
+        assert set(np.unique(yt[t])) == set(np.unique(y[p])) and len(np.unique(y[p])) <= 2
 
 
 # ----------------------------------------------------------------------------- matched test split

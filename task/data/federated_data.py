@@ -35,7 +35,9 @@ Config keys (under ``data.``; the source and partition keys are documented in
     ``round(len(test) / len(train) * len(train_i))``. Local test sets have the client's
     train label distribution (:func:`task.data.partition.matched_test_split`); for ``natural``
     partitions of data with per-group test samples (femnist, synthetic_linear) each client
-    instead gets all test samples of its own group, and ``test_per_client`` is ignored.
+    instead gets all test samples of its own group, and ``test_per_client`` is ignored; so it is
+    for ``class_shards``, whose clients get test shards of their train shards' classes
+    (:func:`task.data.partition.class_shard_test_split`).
 
 Caching: results are memoised in-process (keyed by the canonical JSON of the config and
 the seed) and the partition index arrays are stored on disk as
@@ -61,7 +63,13 @@ import numpy as np
 from task.data.datasets.bundle import ArrayData
 from task.data.datasets.images import ImageArray
 from task.errors import ConfigError
-from task.data.partition import group_test_split, matched_test_split, partition_scheme, partition_train
+from task.data.partition import (
+    class_shard_test_split,
+    group_test_split,
+    matched_test_split,
+    partition_scheme,
+    partition_train,
+)
 from task.data.sources import (
     DataBundle,
     cache_dir_from_cfg,
@@ -197,6 +205,8 @@ def _split(bundle: DataBundle, train_keep: np.ndarray, test_keep: np.ndarray, da
     parts = partition_train(bundle.train.y[train_keep], train_groups, data_cfg, num_clients, seed)
     if natural_test:
         tests = group_test_split(parts, train_groups, test_groups)
+    elif scheme == "class_shards":
+        tests = class_shard_test_split(bundle.train.y[train_keep], bundle.test.y[test_keep], data_cfg, num_clients, seed)
     else:
         tests = matched_test_split(parts, bundle.train.y[train_keep], bundle.test.y[test_keep], per_client, seed)
     return [train_keep[p] for p in parts], [test_keep[t] for t in tests]

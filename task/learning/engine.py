@@ -344,6 +344,34 @@ def train_head_on_features(
                      regression=regression)
 
 
+def train_head_in_train_mode(
+    model: nn.Module,
+    head: Sequence[str],
+    data: TensorData,
+    optimizer: OptimizerConfig,
+    batch_size: int,
+    generator: torch.Generator,
+    epochs: int | None,
+    regression: bool = False,
+    steps: int | None = None,
+    augment: str | None = None,
+) -> TrainResult:
+    """Train only the ``head`` groups with the body frozen, running the whole model in train
+    mode on every batch (dropout active, ``augment`` applied, no feature cache): the official
+    FedRep head epochs. The body's parameters stay as they are (its gradients are never formed)."""
+    head_params = [p for name in head for p in model.get_submodule(name).parameters()]
+    trained = {id(p) for p in head_params}
+    frozen = [p for p in model.parameters() if id(p) not in trained and p.requires_grad]
+    for p in frozen:
+        p.requires_grad_(False)
+    try:
+        return train(model, data, optimizer, batch_size, generator, epochs=epochs, steps=steps, params=head_params,
+                     regression=regression, augment=augment)
+    finally:
+        for p in frozen:
+            p.requires_grad_(True)
+
+
 #: Heads of at most this many parameters train on the CPU when the body is on a GPU: each SGD step
 #: of a small head is all kernel launches and Python there. Measured on an H100 machine for
 #: FedRep's CIFAR-10 head (650 parameters, 10 epochs of 50 steps): 0.27-0.52 s on the GPU.
