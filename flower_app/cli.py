@@ -227,6 +227,28 @@ def _cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_reproduce(args: argparse.Namespace) -> int:
+    from flower_app.tables import SCALES, load_table, table_names
+
+    try:
+        if args.list:
+            for name in table_names():
+                table = load_table(name)
+                cost = ", ".join(f"{s} {table.minutes(s) * len(args.seeds) / 60:.1f} h" for s in SCALES)
+                print(f"{name:28s} {len(table.cells):3d} cells  {len(args.seeds)} seeds: {cost}  {table.title}")
+            return 0
+        if not args.table or not args.out:
+            print("flrep: reproduce needs a table and --out DIR (or --list)", file=sys.stderr)
+            return 2
+        from flower_app.reproduce import reproduce
+
+        return reproduce(load_table(args.table), args.scale, list(args.seeds), args.only,
+                         Path(args.out).expanduser().resolve())
+    except ConfigError as err:
+        print(f"flrep: configuration error: {err}", file=sys.stderr)
+        return 2
+
+
 def _cmd_lg_synthetic(args: argparse.Namespace) -> int:
     from task.analysis.lg_synthetic import run
 
@@ -293,6 +315,16 @@ def build_parser() -> argparse.ArgumentParser:
     spl.set_defaults(func=_cmd_split_data)
     lst = sub.add_parser("list", help="list experiments and algorithms")
     lst.set_defaults(func=_cmd_list)
+    rep = sub.add_parser("reproduce", help="run a paper table's cells over seeds (resumable) and write ours beside "
+                                           "the paper's: DIR/table.md, table.csv, table.png")
+    rep.add_argument("table", nargs="?", help="name of a file in conf/tables/ (without .yaml)")
+    rep.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds to run (default 0 1 2)")
+    rep.add_argument("--scale", choices=["paper", "cpu"], default="cpu",
+                     help="paper: the paper's setting; cpu: the table's declared reduction (default)")
+    rep.add_argument("--only", nargs="+", metavar="CELL", help="run only these cells")
+    rep.add_argument("--out", help="output directory (runs, table.md, table.csv, table.png)")
+    rep.add_argument("--list", action="store_true", help="list the tables and their estimated cost on a 2-core CPU")
+    rep.set_defaults(func=_cmd_reproduce)
     syn = sub.add_parser("lg-synthetic", help="LG-FedAvg Fig. 2/4: local, global and interpolated linear models")
     syn.add_argument("--out", required=True, help="output directory")
     syn.add_argument("--rho", type=float, nargs="+", default=[0.5, 0.1, 0.06, 0.02], help="device std rho")

@@ -1,0 +1,309 @@
+"""``flrep reproduce``: run a paper table's cells over seeds, resumably, and write ours beside the paper's.
+
+Each (cell, seed) is one ``flrep run`` in ``DIR/runs/<cell>/seed<k>/`` (its log beside it as
+``seed<k>.log``): a completed run is kept and read, a checkpointed one is resumed, a started
+one without a checkpoint is moved aside (``--force``: never deleted) and run again. After every
+run ``DIR/reproduce.json`` records what ran (machine, date, commit, wall time) and
+``DIR/table.md``, ``table.csv`` and ``table.png`` are rewritten from every completed run.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from flower_app import checkpoint
+from flower_app.run_dir import write_atomic
+from flower_app.tables import Cell, Table
+from task.errors import ConfigError
+
+MANIFEST = "reproduce.json"
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run of a table: a cell at a seed."""
+
+    cell: Cell
+    seed: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.cell.name}/seed{self.seed}"
+
+
+def run_folder(out: Path, job: Job) -> Path:
+    return out / "runs" / job.cell.name / f"seed{job.seed}"
+
+
+def read_summary(folder: Path) -> dict | None:
+    """The run's summary.json, or None when there is none (or it is unreadable)."""
+    try:
+        return json.loads((folder / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def plan(table: Table, seeds: list[int], only: list[str] | None) -> list[Job]:
+    """The table's runs: every selected cell at every seed, cell by cell."""
+    unknown = sorted(set(only or ()) - set(table.cells))
+    if unknown:
+        raise ConfigError(f"--only {unknown[0]!r}: table {table.name!r} has no such cell; cells: {', '.join(table.cells)}")
+    cells = [c for c in table.cells.values() if not only or c.name in only]
+    return [Job(cell, seed) for cell in cells for seed in seeds]
+
+
+def check(table: Table, scale: str, jobs: list[Job], out: Path) -> None:
+    """Every check before anything runs or is written: the output folder belongs to this table
+    and scale, and every cell's configuration loads."""
+    from flower_app.config import load_variants
+
+    manifest = load_manifest(out)
+    if manifest is not None and (manifest["table"], manifest["scale"]) != (table.name, scale):
+        raise ConfigError(f"{out / MANIFEST}: this folder holds table {manifest['table']!r} at scale "
+                          f"{manifest['scale']!r}, not {table.name!r} at {scale!r}; choose another --out")
+    for cell in {job.cell.name: job.cell for job in jobs}.values():
+        try:
+            load_variants(cell.experiment, [*cell.overrides_at(table, scale), "compare=[]"])
+        except ConfigError as err:
+            raise ConfigError(f"table {table.name!r}, cell {cell.name!r} ({cell.experiment}): {err}") from None
+
+
+def load_manifest(out: Path) -> dict | None:
+    path = out / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except ValueError as err:
+        raise ConfigError(f"{path}: unreadable ({err}); move it away or choose another --out") from None
+
+
+def command(table: Table, scale: str, job: Job, folder: Path) -> list[str]:
+    """The ``flrep run`` command line of ``job``: resume a checkpointed run, else start it."""
+    args = [sys.executable, "-m", "flower_app.cli", "run", job.cell.experiment,
+            *job.cell.overrides_at(table, scale), f"seed={job.seed}", "compare=[]"]
+    if (checkpoint.checkpoint_dir(folder) / checkpoint.SERVER_FILE).is_file():
+        return [*args, f"resume={folder}"]
+    return [*args, "--out", str(folder), *(["--force"] if folder.exists() else [])]
+
+
+def reproduce(table: Table, scale: str, seeds: list[int], only: list[str] | None, out: Path) -> int:
+    """Run the table's missing runs and write its report; the exit code (1 if a run failed)."""
+    from flower_app.bench_round import commit, machine
+
+    jobs = plan(table, seeds, only)
+    check(table, scale, jobs, out)
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = load_manifest(out) or {"table": table.name, "scale": scale, "runs": {}}
+    here = {"machine": machine(), "commit": commit()}
+    todo = [j for j in jobs if (read_summary(run_folder(out, j)) or {}).get("status") != "completed"]
+    print(f"[reproduce] {table.name} at scale {scale!r}: {len(jobs)} runs, {len(jobs) - len(todo)} already "
+          f"completed, {len(todo)} to run (estimated {_minutes(sum(j.cell.minutes.get(scale, 0) for j in todo))})",
+          flush=True)
+    failed, started, spent, estimated_done = [], time.monotonic(), 0.0, 0.0
+    for i, job in enumerate(todo):
+        folder = run_folder(out, job)
+        left = sum(j.cell.minutes.get(scale, 0) for j in todo[i:])
+        pace = spent / 60 / estimated_done if estimated_done > 0 else 1.0
+        print(f"[reproduce] run {i + 1}/{len(todo)}: {job.key} ({job.cell.label}) | elapsed "
+              f"{_minutes((time.monotonic() - started) / 60)} | ETA {_minutes(left * pace)}", flush=True)
+        cmd = command(table, scale, job, folder)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
+        with open(folder.parent / f"seed{job.seed}.log", "a") as log:
+            log.write(f"$ {' '.join(cmd)}\n")
+            log.flush()
+            try:
+                code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
+            except KeyboardInterrupt:
+                print(f"[reproduce] interrupted during {job.key}; run the same command to continue", file=sys.stderr)
+                write_report(table, scale, out, manifest)
+                return 130
+        seconds = time.monotonic() - t0
+        spent += seconds
+        estimated_done += job.cell.minutes.get(scale, 0)
+        summary = read_summary(folder)
+        status = (summary or {}).get("status") if code == 0 else "failed"
+        manifest["runs"][job.key] = {"status": status, "exit_code": code, "wall_s": round(seconds, 1),
+                                     "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                                     "command": cmd[1:], **here}
+        _save_manifest(out, manifest)
+        if status != "completed":
+            failed.append(job.key)
+            print(f"[reproduce] {job.key} failed (exit {code}); its log: {folder.parent / f'seed{job.seed}.log'}",
+                  file=sys.stderr, flush=True)
+        write_report(table, scale, out, manifest)
+    write_report(table, scale, out, manifest)
+    print(f"[reproduce] table in {out / 'table.md'}" + (f"; {len(failed)} runs failed: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
+def _save_manifest(out: Path, manifest: dict) -> None:
+    write_atomic(out / MANIFEST, lambda tmp: Path(tmp).write_text(json.dumps(manifest, indent=1) + "\n"))
+
+
+def _minutes(m: float) -> str:
+    return f"{m:.0f} min" if m < 120 else f"{m / 60:.1f} h"
+
+
+# -- the report -------------------------------------------------------------------------------
+
+
+@dataclass
+class Stat:
+    """One cell's values of one column over the completed seeds."""
+
+    values: list[float]
+
+    @property
+    def n(self) -> int:
+        return len(self.values)
+
+    @property
+    def mean(self) -> float:
+        return sum(self.values) / self.n
+
+    @property
+    def std(self) -> float:
+        if self.n < 2:
+            return 0.0
+        return math.sqrt(sum((v - self.mean) ** 2 for v in self.values) / (self.n - 1))
+
+
+def collect(table: Table, out: Path) -> dict[str, dict[int, dict]]:
+    """cell -> seed -> summary of every completed run in ``out``."""
+    done: dict[str, dict[int, dict]] = {}
+    for cell in table.cells:
+        for folder in sorted((out / "runs" / cell).glob("seed*")):
+            summary = read_summary(folder)
+            if folder.is_dir() and folder.name[4:].isdigit() and summary and summary.get("status") == "completed":
+                done.setdefault(cell, {})[int(folder.name[4:])] = summary
+    return done
+
+
+def cell_values(table: Table, summaries: dict[int, dict], column: str) -> dict[int, float]:
+    """seed -> the column's value (×100 for percent columns); seeds without the key are left out."""
+    col = table.columns[column]
+    return {seed: float(s[col.key]) * (100 if col.percent else 1)
+            for seed, s in summaries.items() if isinstance(s.get(col.key), (int, float))}
+
+
+def rows(table: Table, done: dict[str, dict[int, dict]]) -> list[dict]:
+    """One row per (cell, column): ours (mean, std, n), the paper's, difference, within tolerance."""
+    out = []
+    for cell in table.cells.values():
+        summaries = done.get(cell.name, {})
+        walls = [s["wall_time_s"] for s in summaries.values() if isinstance(s.get("wall_time_s"), (int, float))]
+        for col in table.columns.values():
+            values = cell_values(table, summaries, col.name)
+            stat = Stat(list(values.values())) if values else None
+            paper = cell.paper.get(col.name)
+            diff = stat.mean - paper if stat is not None and paper is not None else None
+            within = (abs(diff) <= table.tolerance if diff is not None and table.tolerance is not None and col.percent
+                      else None)
+            out.append({"cell": cell.name, "label": cell.label, "column": col.name, "metric": col.label,
+                        "runs": len(summaries), "n": stat.n if stat else 0, "mean": stat.mean if stat else None,
+                        "std": stat.std if stat else None, "seeds": sorted(values), "paper": paper,
+                        "difference": diff, "within_tolerance": within,
+                        "wall_s_per_seed": sum(walls) / len(walls) if walls else None})
+    return out
+
+
+def claim_results(table: Table, done: dict[str, dict[int, dict]]) -> list[dict]:
+    """Each claim checked on every seed both its cells completed."""
+    results = []
+    for claim in table.claims:
+        mine = cell_values(table, done.get(claim.cell, {}), claim.column)
+        theirs = (cell_values(table, done.get(claim.other, {}), claim.column) if claim.other
+                  else {seed: claim.value for seed in mine})
+        seeds = sorted(set(mine) & set(theirs))
+        holds = sum(claim.holds(mine[s], theirs[s]) for s in seeds)
+        verdict = "not run" if not seeds else ("holds" if holds == len(seeds) else "fails")
+        results.append({"text": claim.text, "verdict": verdict, "holds_in": holds, "seeds": len(seeds),
+                        "statement": f"{claim.cell}.{claim.column} {claim.op} "
+                                     f"{claim.other + '.' + claim.column if claim.other else claim.value}"})
+    return results
+
+
+def write_report(table: Table, scale: str, out: Path, manifest: dict) -> None:
+    """``table.md``, ``table.csv`` and ``table.png`` from every completed run in ``out``."""
+    done = collect(table, out)
+    table_rows = rows(table, done)
+    claims = claim_results(table, done)
+    write_atomic(out / "table.md", lambda tmp: Path(tmp).write_text(markdown(table, scale, manifest, table_rows, claims)))
+    write_atomic(out / "table.csv", lambda tmp: Path(tmp).write_text(_csv(table_rows)))
+    if any(r["n"] for r in table_rows):
+        from flower_app.plots import plot_table
+
+        plot_table(table, table_rows, out / "table.png")
+
+
+def _fmt(value: float | None, percent: bool) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.2f}" if percent else f"{value:.3g}"
+
+
+def markdown(table: Table, scale: str, manifest: dict, table_rows: list[dict], claims: list[dict]) -> str:
+    """The generated table with its header: setting, machine, commits, differences."""
+    runs = manifest.get("runs", {})
+    machines = sorted({f"{r['machine'].get('processor')} × {r['machine'].get('cpu_count')} CPUs"
+                       + (f", {r['machine']['cuda']}" if r['machine'].get('cuda') else "") for r in runs.values()})
+    commits = sorted({str(r.get("commit")) for r in runs.values()})
+    dates = sorted(r["date"][:10] for r in runs.values())
+    lines = [f"# {table.title}", "",
+             f"Generated by `flrep reproduce {table.name} --scale {scale}`; paper numbers from {table.source}.",
+             f"Scale `{scale}`: {table.scales[scale]['note']}.",
+             f"Runs: {len(runs)} recorded" + (f", {dates[0]} to {dates[-1]}" if dates else "")
+             + (f", on {'; '.join(machines)}" if machines else "") + (f", commits {', '.join(commits)}" if commits else "")
+             + ".", ""]
+    tol = table.tolerance
+    beyond = [r for r in table_rows if r["within_tolerance"] is False]
+    if beyond:
+        lines.append(f"**Differences beyond {tol:g} points**: " + "; ".join(
+            f"{r['label']} {r['metric']} {r['difference']:+.2f}" for r in beyond) + ". Why: see the notes.")
+        lines.append("")
+    for note in table.notes:
+        lines.append(f"- {note}")
+    if table.notes:
+        lines.append("")
+    header = "| cell | metric | ours (mean ± std over seeds) | seeds | paper | difference |" + (
+        f" within {tol:g} |" if tol is not None else "") + " wall time per seed |"
+    lines += [header, "|" + "---|" * (header.count("|") - 1)]
+    for r in table_rows:
+        percent = table.columns[r["column"]].percent
+        if r["mean"] is None:
+            ours = "n/a (not reported)" if r["runs"] else "not run"
+        else:
+            ours = _fmt(r["mean"], percent) + (f" ± {_fmt(r['std'], percent)}" if r["n"] > 1 else "")
+        within = {True: "yes", False: "**no**", None: "–"}[r["within_tolerance"]]
+        wall = "–" if r["wall_s_per_seed"] is None else f"{r['wall_s_per_seed'] / 60:.1f} min"
+        diff = "–" if r["difference"] is None else f"{r['difference']:+.2f}"
+        lines.append(f"| {r['label']} | {r['metric']} | {ours} | {r['n']} | {_fmt(r['paper'], percent)} | {diff} |"
+                     + (f" {within} |" if tol is not None else "") + f" {wall} |")
+    if claims:
+        lines += ["", "| claim | check | verdict |", "|---|---|---|"]
+        for c in claims:
+            lines.append(f"| {c['text']} | `{c['statement']}` | {c['verdict']} ({c['holds_in']}/{c['seeds']} seeds) |")
+    lines += ["", "![ours vs the paper](table.png)", ""]
+    return "\n".join(lines)
+
+
+def _csv(table_rows: list[dict]) -> str:
+    buf = io.StringIO()
+    fields = ["cell", "label", "column", "metric", "runs", "n", "mean", "std", "paper", "difference", "within_tolerance",
+              "wall_s_per_seed", "seeds"]
+    writer = csv.DictWriter(buf, fieldnames=fields)
+    writer.writeheader()
+    for r in table_rows:
+        writer.writerow({**r, "seeds": " ".join(map(str, r["seeds"]))})
+    return buf.getvalue()

@@ -1,0 +1,138 @@
+"""``flrep reproduce``: the table registry, the report, resuming, and an end-to-end table run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from flower_app import checkpoint, tables
+from flower_app.cli import main as flrep
+from flower_app.reproduce import Job, check, command, plan, reproduce, run_folder, write_report
+from flower_app.tables import SCALES, load_table, table_names
+from task.errors import ConfigError
+
+TINY = """
+title: Tiny table
+source: nowhere, Table 0
+columns:
+  acc: {key: personalized_accuracy, label: accuracy, percent: true}
+  steps: {key: local_steps_total, label: steps, percent: false}
+scales:
+  paper: {note: the setting, overrides: []}
+  cpu: {note: fewer rounds, overrides: [rounds=2]}
+cells:
+  a: {label: A, experiment: quickstart, overrides: [algorithm=fedavg], paper: {acc: 50.0}, minutes: {cpu: 0.3}}
+  b: {label: B, experiment: quickstart, overrides: [algorithm=fedrep], paper: {acc: 90.0}}
+claims:
+  - {text: B beats A, cell: b, column: acc, op: ">", other: a}
+  - {text: A above 60, cell: a, column: acc, op: ">", value: 60}
+"""
+
+
+@pytest.fixture
+def tiny(tmp_path, monkeypatch):
+    folder = tmp_path / "tables"
+    folder.mkdir()
+    (folder / "tiny.yaml").write_text(TINY)
+    monkeypatch.setattr(tables, "TABLES_DIR", folder)
+    return folder
+
+
+@pytest.mark.parametrize("name", table_names())
+def test_every_shipped_table_loads_and_every_cell_config_is_valid(name, tmp_path):
+    table = load_table(name)
+    for scale in SCALES:
+        check(table, scale, plan(table, [0], None), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("edit, message", [
+    (("experiment: quickstart, overrides: [algorithm=fedavg]", "experiment: nope, overrides: []"),
+     "cells.a.experiment='nope' is not a file"),
+    (("other: a}", "other: zz}"), "names cell 'zz'"),
+    (("paper: {acc: 50.0}", "paper: {accuracy: 50.0}"), "cells.a.paper.accuracy is not a column"),
+    (("  cpu: {note: fewer rounds, overrides: [rounds=2]}\n", ""), "scales.cpu is missing"),
+    (("op: \">\", value: 60", "op: \"=>\", value: 60"), "op one of"),
+])
+def test_a_bad_table_file_names_the_file_and_key(tiny, edit, message):
+    (tiny / "tiny.yaml").write_text(TINY.replace(*edit))
+    with pytest.raises(ConfigError, match="tiny.yaml") as err:
+        load_table("tiny")
+    assert message in str(err.value)
+
+
+def test_bad_cells_scales_and_folders_are_refused_before_anything_is_written(tiny, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert flrep(["reproduce", "tiny", "--only", "zz", "--out", str(out)]) == 2
+    assert "--only 'zz'" in capsys.readouterr().err
+    (tiny / "bad.yaml").write_text(TINY.replace("overrides: [algorithm=fedavg]", "overrides: [train.nope=1]"))
+    assert flrep(["reproduce", "bad", "--out", str(out)]) == 2
+    assert "cell 'a'" in capsys.readouterr().err and not out.exists()
+    out.mkdir()
+    (out / "reproduce.json").write_text(json.dumps({"table": "other", "scale": "cpu", "runs": {}}))
+    assert flrep(["reproduce", "tiny", "--out", str(out)]) == 2
+    assert "holds table 'other'" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == ["reproduce.json"]
+
+
+def test_a_checkpointed_run_is_resumed_and_a_started_one_moved_aside(tiny, tmp_path):
+    table = load_table("tiny")
+    job = Job(table.cells["a"], 3)
+    folder = run_folder(tmp_path, job)
+    cmd = command(table, "cpu", job, folder)
+    assert cmd[-2:] == ["--out", str(folder)] and "seed=3" in cmd and "rounds=2" in cmd and "algorithm=fedavg" in cmd
+    folder.mkdir(parents=True)
+    assert command(table, "cpu", job, folder)[-1] == "--force"  # moved aside by flrep run, never deleted
+    (checkpoint.checkpoint_dir(folder)).mkdir(parents=True)
+    (checkpoint.checkpoint_dir(folder) / checkpoint.SERVER_FILE).write_bytes(b"x")
+    assert command(table, "cpu", job, folder)[-1] == f"resume={folder}"
+
+
+def _fake_run(out: Path, cell: str, seed: int, acc: float | None, status: str = "completed") -> None:
+    folder = out / "runs" / cell / f"seed{seed}"
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps({"status": status, "personalized_accuracy": acc,
+                                                     "wall_time_s": 60.0}))
+
+
+def test_the_report_gives_mean_std_paper_difference_and_claims(tiny, tmp_path):
+    table = load_table("tiny")
+    for seed, acc in enumerate([0.50, 0.52, 0.54]):
+        _fake_run(tmp_path, "a", seed, acc)
+    _fake_run(tmp_path, "b", 0, 0.80)
+    _fake_run(tmp_path, "b", 1, 0.99, status="failed")  # a failed run is never counted
+    manifest = {"table": "tiny", "scale": "cpu", "runs": {"a/seed0": {
+        "status": "completed", "date": "2026-11-22T00:00:00+00:00", "commit": "abc",
+        "machine": {"processor": "x86_64", "cpu_count": 2, "cuda": None}}}}
+    write_report(table, "cpu", tmp_path, manifest)
+    md = (tmp_path / "table.md").read_text()
+    assert "| A | accuracy | 52.00 ± 2.00 | 3 | 50.00 | +2.00 | **no** | 1.0 min |" in md
+    assert "| B | accuracy | 80.00 | 1 | 90.00 | -10.00 | **no** |" in md
+    assert "| A | steps | n/a (not reported) |" in md
+    assert "**Differences beyond 1.5 points**: A accuracy +2.00; B accuracy -10.00" in md
+    assert "| B beats A | `b.acc > a.acc` | holds (1/1 seeds) |" in md  # only the seeds both cells completed
+    assert "| A above 60 | `a.acc > 60` | fails (0/3 seeds) |" in md
+    assert "commits abc" in md and (tmp_path / "table.png").is_file()
+    rows = (tmp_path / "table.csv").read_text().splitlines()
+    assert rows[0].startswith("cell,label,column") and len(rows) == 1 + 4
+
+
+def test_reproduce_runs_each_cell_and_seed_once_and_resumes(tiny, tmp_path, capsys):
+    out = tmp_path / "out"
+    table = load_table("tiny")
+    assert reproduce(table, "cpu", [0, 1], ["a"], out) == 0
+    first = {s: (run_folder(out, Job(table.cells["a"], s)) / "summary.json").stat().st_mtime_ns for s in (0, 1)}
+    manifest = json.loads((out / "reproduce.json").read_text())
+    assert sorted(manifest["runs"]) == ["a/seed0", "a/seed1"]
+    assert all(r["status"] == "completed" and r["machine"]["cpu_count"] for r in manifest["runs"].values())
+    summaries = [json.loads((run_folder(out, Job(table.cells["a"], s)) / "summary.json").read_text()) for s in (0, 1)]
+    assert [s["seed"] for s in summaries] == [0, 1] and all(s["rounds"] == 2 for s in summaries)
+    assert summaries[0]["personalized_accuracy"] != summaries[1]["personalized_accuracy"]  # the seeds differ
+    capsys.readouterr()
+    assert reproduce(table, "cpu", [0, 1], ["a"], out) == 0  # everything done: nothing runs again
+    assert "2 already completed, 0 to run" in capsys.readouterr().out
+    assert first == {s: (run_folder(out, Job(table.cells["a"], s)) / "summary.json").stat().st_mtime_ns for s in (0, 1)}
+    md = (out / "table.md").read_text()
+    assert "| A | accuracy |" in md and " | 2 | 50.00 |" in md and "| B | accuracy | not run | 0 |" in md
