@@ -1,6 +1,7 @@
 """New Test (LG-FedAvg Table 1): after training, every client sends its own part once and the
 server averages the outputs of all local models (each over the current global part) on the
-global test set: their logits, or their softmax probabilities (``new_test.average``).
+global test set: their outputs as they are (logits; probabilities under ``model.output=softmax``)
+or the softmax of their logits (``new_test.average``).
 
 It applies to algorithms whose server half answers ``local_part_messages`` (LG-FedAvg's local
 parts, Local-only's whole models) and whose clients answer ``query.localpart``. Because it
@@ -17,10 +18,11 @@ from typing import Literal
 
 import torch
 from flwr.common.logger import log
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig
 
 from protocols.base import PaperProtocol
 from strategies import ALGORITHMS
+from strategies.checks import require
 from strategies.common import ARRAYS, failure_fields, fmt
 from strategies.services import Services
 from task.learning.engine import predict
@@ -31,7 +33,7 @@ class NewTestConfig:
     """``new_test.*``."""
 
     enabled: bool = MISSING  # upload every client's own part once after training (the paper's New Test)
-    average: Literal["logits", "softmax"] = MISSING  # what is averaged over the local models' outputs
+    average: Literal["logits", "softmax"] = MISSING  # the models' outputs as they are, or their softmax
 
 
 #: ``new_test.average`` -> the transform of each model's logits before they are averaged. Averaging
@@ -57,6 +59,12 @@ class NewTest(PaperProtocol):
 
     name = "new_test"
     config = NewTestConfig
+
+    def check(self, cfg: DictConfig) -> None:
+        """Softmax averaging of models whose outputs are already probabilities would apply softmax twice."""
+        require(cfg.new_test.average == "logits" or cfg.model.output == "logits", "new_test.average",
+                "model.output=softmax already outputs probabilities, which average=logits averages as they are "
+                "(the official ensemble); average=softmax would apply softmax to them again")
 
     def active(self, services: Services) -> bool:
         return bool(services.cfg.new_test.enabled) and "query.localpart" in ALGORITHMS[services.cfg.algorithm].handlers

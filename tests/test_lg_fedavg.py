@@ -150,6 +150,8 @@ def test_new_test_averages_softmax_outputs_or_logits():
                        ensemble_predictions(many, "logits"))
     with pytest.raises(ConfigError, match="new_test.average"):
         load_config("quickstart", ["new_test.average=log_softmax"])
+    with pytest.raises(ConfigError, match="new_test.average.*again"):  # probabilities are averaged as they are
+        load_config("quickstart", ["new_test.average=softmax", "model.output=softmax"])
 
 
 class FlakyGrid(LocalGrid):
