@@ -108,6 +108,7 @@ class TrainConfig:
     lr_decay: float = positive()
     augment: Literal["none", "crop_flip"] = MISSING
     precision: Literal["fp32", "bf16"] = MISSING
+    aggregation: Literal["examples", "uniform"] = MISSING  # weights of every average of client models
 
 
 @dataclass

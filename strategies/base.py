@@ -21,11 +21,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, Message, RecordDict
-from flwr.serverapp.strategy import Strategy
+from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp.strategy import FedAvg, Strategy
+from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 from omegaconf import DictConfig
 
-from strategies.common import ARRAYS, ClientRuntime
+from strategies.common import ARRAYS, METRICS, ClientRuntime
 from task.learning.models import SplitModel
 
 if TYPE_CHECKING:
@@ -43,6 +44,34 @@ TAKE_ALL_NODES = dict(
     min_evaluate_nodes=1,
     min_available_nodes=1,
 )
+
+
+class WeightedAverage(FedAvg):
+    """Flower's FedAvg whose average weighs each reply by its training examples or all alike
+    (``train.aggregation``: examples | uniform); the training metrics are averaged the same way.
+
+    Put it last among the bases, after any Flower subclass of FedAvg
+    (``class S(ServerHooks, FedProx, WeightedAverage)``), so that their ``super()`` reaches it.
+    """
+
+    aggregation: str = "examples"
+
+    def average_as(self, cfg: DictConfig) -> WeightedAverage:
+        """Take the weights ``train.aggregation`` names; returns self."""
+        self.aggregation = str(cfg.train.aggregation)
+        return self
+
+    def aggregate_train(self, server_round: int,
+                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        if self.aggregation == "examples":
+            return super().aggregate_train(server_round, replies)
+        valid, _ = self._check_and_log_replies(replies, is_train=True)
+        if not valid:
+            return None, None
+        contents = [RecordDict({**m.content, METRICS: MetricRecord({**m.content[METRICS], self.weighted_by_key: 1.0})})
+                    for m in valid]
+        return (aggregate_arrayrecords(contents, self.weighted_by_key),
+                self.train_metrics_aggr_fn(contents, self.weighted_by_key))
 
 
 def same_arrays_as_sent(message: Message) -> dict[str, ArrayRecord]:
@@ -99,7 +128,7 @@ class ServerHooks:
         return None
 
     def observe_eval(self, server_round: int, record: dict) -> None:
-        """After each evaluation, with its record."""
+        """After each evaluation, with its record (keys it adds are written with it)."""
 
     def local_part_messages(self, server_round: int, services: Services) -> list[Message] | None:
         """New Test: the ``query.localpart`` messages asking every client for its own part (None: it has none)."""

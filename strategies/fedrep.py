@@ -1,6 +1,6 @@
 """FedRep (Collins et al., 2021, Algorithm 1): a shared body, a head kept on each client.
 
-Server: Flower's FedAvg over the body only (example-weighted); with
+Server: Flower's FedAvg over the body only (weighted as ``train.aggregation`` says); with
 ``fedrep.orthonormalize`` the averaged body of the linear model is QR-orthonormalised, as in
 the paper's linear analysis (Section 4).
 Client: load the received body and its own head (kept in ``context.state`` across rounds;
@@ -24,11 +24,11 @@ from typing import Literal, Optional
 
 import torch
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
-from flwr.serverapp.strategy import FedAvg, Strategy
+from flwr.serverapp.strategy import Strategy
 from omegaconf import MISSING, DictConfig
 
 from strategies.checks import nonnegative, positive, require
-from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, register
+from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, WeightedAverage, register
 from strategies.common import ARRAYS, NUM_EXAMPLES, ClientRuntime, body_keys, configured_head, reply, round_config
 from strategies.state_store import keep_arrays, kept_arrays
 from task.learning.engine import TrainResult, fit_head_least_squares, train_head_in_train_mode, train_head_on_features
@@ -37,8 +37,8 @@ HEAD_STATE = "head"
 COLD_START_SALT = 4049  # head fits of never-sampled clients shuffle apart from training rounds
 
 
-class BodyAverage(ServerHooks, FedAvg):
-    """FedAvg of the body; optionally QR-orthonormalises a linear body after averaging."""
+class BodyAverage(ServerHooks, WeightedAverage):
+    """FedAvg of the body (``train.aggregation``); optionally QR-orthonormalises a linear body after averaging."""
 
     def __init__(self, orthonormalize: bool = False) -> None:
         super().__init__(**TAKE_ALL_NODES)
@@ -70,7 +70,7 @@ def orthonormalize_body(arrays: ArrayRecord) -> ArrayRecord:
 
 def make_strategy(cfg: DictConfig) -> Strategy:
     """Body averaging (with the linear orthonormalisation when configured)."""
-    return BodyAverage(orthonormalize=bool(cfg.fedrep.orthonormalize))
+    return BodyAverage(orthonormalize=bool(cfg.fedrep.orthonormalize)).average_as(cfg)
 
 
 # -- client helpers shared with FedPer -------------------------------------------------------

@@ -9,7 +9,7 @@ As in the paper, training starts with FedAvg on the whole model (``lg.fedavg_rou
 rounds, or until the global model first reaches ``lg.goal_accuracy`` on the global test
 set at an evaluated round); from then on:
 
-Server: FedAvg (example-weighted) of the global part only. The server keeps the whole
+Server: FedAvg (weights: ``train.aggregation``) of the global part only. The server keeps the whole
 model; a client that has no local part yet receives the warm-start model's local part once
 (counted in the traffic), every other message carries the global part only.
 Client: loads the global part and its own local part (kept across rounds on the node:
@@ -34,11 +34,11 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg, Strategy
+from flwr.serverapp.strategy import Strategy
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from strategies.checks import nonnegative, positive, require
-from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, all_keys, register
+from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, WeightedAverage, all_keys, register
 from strategies.common import ARRAYS, CONFIG, NUM_EXAMPLES, ClientRuntime, reply, round_config
 from strategies.services import Services
 from strategies.state_store import keep_arrays, kept_arrays
@@ -75,7 +75,7 @@ def local_keys(model: SplitModel, cfg: DictConfig) -> list[str]:
     return [k for k in model.state_dict() if k not in shared]
 
 
-class LGFedAvg(ServerHooks, FedAvg):
+class LGFedAvg(ServerHooks, WeightedAverage):
     """FedAvg warm start, then FedAvg of the global part with local parts kept on the clients."""
 
     checkpointed = ("switch_round",)
@@ -83,6 +83,7 @@ class LGFedAvg(ServerHooks, FedAvg):
 
     def __init__(self, cfg: DictConfig, fedavg_rounds: int | None, goal_accuracy: float | None) -> None:
         super().__init__(**TAKE_ALL_NODES)
+        self.average_as(cfg)
         self.cfg = cfg
         self.fedavg_rounds = fedavg_rounds
         self.goal_accuracy = goal_accuracy

@@ -1,6 +1,9 @@
 """Local-only: every client trains its own model on its own data; nothing is averaged.
 
-Server: sends the round config only and aggregates the clients' training metrics.
+Server: sends the round config only and aggregates the clients' training metrics. Which
+clients train each round is ``local_only.clients``: ``sampled`` (the round's sampled clients,
+as every algorithm here) or ``all`` (every training client, every round: the official
+LG-FedAvg and FedRep ``main_local.py``, which train each client for all epochs).
 Client: keeps its whole model in ``context.state`` across rounds (starting from the run's
 common initial weights) and sends back metrics only.
 """
@@ -8,11 +11,13 @@ common initial weights) and sends back metrics only.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Strategy
-from omegaconf import DictConfig
+from omegaconf import MISSING, DictConfig
 
 from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, register
 from strategies.common import CONFIG, METRICS, NUM_EXAMPLES, ClientRuntime, reply, round_config
@@ -23,14 +28,26 @@ STATE_KEY = "local-model"
 
 
 class LocalOnly(ServerHooks, FedAvg):
-    """Sends configs without arrays; aggregates metrics, returns no arrays."""
+    """Sends configs without arrays (to the sampled clients, or with ``all_clients`` to every
+    training client as well); aggregates metrics, returns no arrays."""
+
+    def __init__(self, all_clients: bool = False) -> None:
+        super().__init__(**TAKE_ALL_NODES)
+        self.all_clients = all_clients
+        self.services: Services | None = None
+
+    def on_start(self, services: Services) -> None:
+        self.services = services
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         config["server-round"] = server_round
         record = RecordDict({CONFIG: config})
-        return self._construct_messages(record, list(grid.get_node_ids()), MessageType.TRAIN)
+        nodes = list(grid.get_node_ids())
+        if self.all_clients and self.services is not None:
+            nodes += [n for n in self.services.nodes(self.services.trainable) if n not in nodes]
+        return self._construct_messages(record, nodes, MessageType.TRAIN)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -39,7 +56,10 @@ class LocalOnly(ServerHooks, FedAvg):
         contents = [m.content for m in valid if METRICS in m.content]
         if not contents:
             return None, None
-        return None, self.train_metrics_aggr_fn(contents, self.weighted_by_key)
+        metrics = self.train_metrics_aggr_fn(contents, self.weighted_by_key)
+        if self.all_clients:
+            metrics["trained_clients"] = len(contents)
+        return None, metrics
 
     def local_part_messages(self, server_round: int, services: Services) -> list[Message]:
         """New Test (LG-FedAvg Table 1's Local-only row): every client sends its own model once."""
@@ -50,7 +70,7 @@ class LocalOnly(ServerHooks, FedAvg):
 
 def make_strategy(cfg: DictConfig) -> Strategy:
     """The Local-only server half."""
-    return LocalOnly(**TAKE_ALL_NODES)
+    return LocalOnly(all_clients=cfg.local_only.clients == "all")
 
 
 def _load_own_model(rt: ClientRuntime) -> None:
@@ -81,9 +101,17 @@ def send_own_model(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     return reply(rt.arrays(), **{NUM_EXAMPLES: len(rt.train)})
 
 
+@dataclass
+class LocalOnlyConfig:
+    """``local_only.*``."""
+
+    clients: Literal["sampled", "all"] = MISSING  # who trains each round
+
+
 ALGORITHM = register(Algorithm(
     name="local_only",
     make_strategy=make_strategy,
     handlers={"train": train_locally, "evaluate": evaluate_own_model, "query.localpart": send_own_model},
     shared_keys=None,
+    config=LocalOnlyConfig,
 ))

@@ -15,8 +15,9 @@ Stage 2 (rounds T1+1..``rounds``): the linear regression min_W Σ_k π_k (1/n_k)
 standardised features with one-hot targets, W ∈ R^{p×C} starting at 0, solved by
 ``tct.solver``: ``scaffold`` (TCT: SCAFFOLD with M = ``tct.local_steps`` full-batch GD steps at
 η = ``tct.lr``, the server half of ``strategies/scaffold.py``), ``fedavg`` (TCT-FedAvg: the
-same local steps, no control variates, example-weighted average) or ``gd`` (TCT-GD: one
-full-batch gradient step per round, averaged by examples: centralised full-batch GD).
+same local steps, no control variates, FedAvg's average) or ``gd`` (TCT-GD: one full-batch
+gradient step per round, FedAvg's average: centralised full-batch GD when it weighs by examples).
+FedAvg's averages (stage 1, and stage 2 without SCAFFOLD) weigh the clients as ``train.aggregation`` says.
 Prediction is argmax Wᵀz; the server scores W on its test features.
 """
 
@@ -35,11 +36,11 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg, Strategy
+from flwr.serverapp.strategy import Strategy
 from omegaconf import MISSING, DictConfig
 
 from strategies.checks import nonnegative, one_of, positive, require
-from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, all_keys, register
+from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, WeightedAverage, all_keys, register
 from strategies.common import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, ClientRuntime, failure_fields, reply, round_config
 from strategies.fedavg import FedAvgServer, local_sgd
 from strategies.scaffold import CONTROL, Scaffold, control_update, hold_control, settled_control
@@ -103,7 +104,7 @@ def memory_plan(cfg: DictConfig, train_sizes: list[int], test_rows: int) -> str:
             f"256 MiB blocks")
 
 
-class TCT(ServerHooks, FedAvg):
+class TCT(ServerHooks, WeightedAverage):
     """FedAvg for T1 rounds, the convexify phase, then the stage-2 solver on W."""
 
     checkpointed = ("standardization", "test_path", "warned")  # the path of the test features, not the open matrix
@@ -111,10 +112,11 @@ class TCT(ServerHooks, FedAvg):
 
     def __init__(self, cfg: DictConfig) -> None:
         super().__init__(**TAKE_ALL_NODES)
+        self.average_as(cfg)
         self.cfg = cfg
         self.stage1_rounds = int(cfg.tct.stage1_rounds)
         self.stage2: ServerHooks = (Scaffold(float(cfg.scaffold.global_lr), str(cfg.scaffold.weighting))
-                                    if cfg.tct.solver == "scaffold" else FedAvgServer(**TAKE_ALL_NODES))
+                                    if cfg.tct.solver == "scaffold" else FedAvgServer(cfg))
         self.standardization: ArrayRecord | None = None
         self.informed: set[int] = set()  # nodes that hold the standardisation
         self.test: FeatureMatrix | None = None

@@ -60,6 +60,20 @@ def test_fedavg_aggregation_is_weighted_by_examples():
     np.testing.assert_allclose(aggregated["w"].numpy(), np.full(3, (10 * 1 + 30 * 5) / 40))
 
 
+
+@pytest.mark.parametrize("overrides", [[], ["server_opt.name=fedavgm", "server_opt.momentum=0.0"], ["algorithm=fedprox"]])
+def test_uniform_aggregation_weighs_every_reply_alike(overrides):
+    cfg = load_config("quickstart", ["algorithm=fedavg", "train.aggregation=uniform", *overrides])
+    strategy = ALGORITHMS[cfg.algorithm].make_strategy(cfg)
+    out = Message(RecordDict({CONFIG: ConfigRecord()}), dst_node_id=1, message_type="train")
+    start = ArrayRecord({"w": torch.zeros(3)})
+    list(strategy.configure_train(1, start, ConfigRecord(), NodeSubset(None, [11])))  # FedAvgM's current arrays
+    a = reply(ArrayRecord({"w": torch.full((3,), 1.0)}), train_loss=1.0, **{"num-examples": 10})
+    b = reply(ArrayRecord({"w": torch.full((3,), 5.0)}), train_loss=3.0, **{"num-examples": 30})
+    aggregated, metrics = strategy.aggregate_train(1, [Message(a, reply_to=out), Message(b, reply_to=out)])
+    np.testing.assert_allclose(aggregated["w"].numpy(), np.full(3, 3.0))
+    assert metrics["train_loss"] == pytest.approx(2.0)
+
 def test_fedprox_server_sends_mu_and_client_uses_it():
     cfg = load_config("quickstart", ["algorithm=fedprox", "fedprox.mu=0.7"])
     strategy = ALGORITHMS["fedprox"].make_strategy(cfg)
