@@ -99,13 +99,13 @@ def fit_head(rt: ClientRuntime, server_round: int, salt: int = 0) -> TrainResult
     if fr.head_solver == "exact":
         fit_head_least_squares(rt.model, head, rt.train)
         return TrainResult(0.0, 0, len(rt.train))
-    opt, batch, gen = rt.optimizer(server_round), int(rt.cfg.train.batch_size), rt.generator(server_round, salt + 1)
+    args = (rt.model, head, rt.train, rt.optimizer(server_round), int(rt.cfg.train.batch_size),
+            rt.generator(server_round, salt + 1))
+    kwargs = dict(epochs=int(fr.head_epochs), steps=fr.head_steps, regression=rt.regression)
     if fr.head_features == "train_mode":
         augment = None if rt.cfg.train.augment == "none" else str(rt.cfg.train.augment)
-        return train_head_in_train_mode(rt.model, head, rt.train, opt, batch, gen, epochs=int(fr.head_epochs),
-                                        steps=fr.head_steps, regression=rt.regression, augment=augment)
-    return train_head_on_features(rt.model, head, rt.train, opt, batch, gen, epochs=int(fr.head_epochs),
-                                  steps=fr.head_steps, regression=rt.regression)
+        return train_head_in_train_mode(*args, **kwargs, augment=augment)
+    return train_head_on_features(*args, **kwargs)
 
 
 def body_parameters(rt: ClientRuntime) -> list[torch.nn.Parameter]:

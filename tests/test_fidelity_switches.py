@@ -15,7 +15,6 @@ from strategies.common import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES
 from strategies.evaluator import ServerEvaluator
 from strategies.fedavg import LOCAL_ACCURACY, OFFICIAL_ACCURACY, SCORE_LOCAL
 from tests.local_grid import LocalGrid
-from tests.test_resume import BASE, InterruptedGrid, _metrics, _run
 
 # 6 digits clients of unequal sizes (Dirichlet), 3 sampled per round
 TINY = ("wandb.enabled=false compare=[] data.num_clients=6 train.fraction=0.5 data.partition=dirichlet "
@@ -156,15 +155,3 @@ def test_local_model_accuracy_is_off_by_default(tmp_path):
         assert SCORE_LOCAL not in sent.content[CONFIG]
         assert LOCAL_ACCURACY not in rep.content[METRICS]
     assert OFFICIAL_ACCURACY not in summary and all(OFFICIAL_ACCURACY not in r for r in records)
-
-
-@pytest.mark.parametrize("overrides", ["algorithm=fedavg fedavg.local_model_accuracy=true",
-                                       "algorithm=local_only local_only.clients=all"])
-def test_a_resumed_run_keeps_the_switches_state(tmp_path, overrides):
-    common = f"{BASE} {overrides} client_state.dir={tmp_path / 'state'}"
-    whole = _run(LocalGrid, f"{common} out_dir={tmp_path / 'whole'}")
-    with pytest.raises(KeyboardInterrupt):
-        _run(InterruptedGrid, f"{common} out_dir={tmp_path / 'cut'}", run_id=2, first_node_id=2000)
-    resumed = _run(LocalGrid, f"{common} resume={tmp_path / 'cut'}", run_id=3, first_node_id=3000)
-    assert _metrics(tmp_path / "cut") == _metrics(tmp_path / "whole")
-    assert resumed.get(OFFICIAL_ACCURACY) == whole.get(OFFICIAL_ACCURACY)

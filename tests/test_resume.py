@@ -25,6 +25,8 @@ CASES = {
                          "data.online_device.enabled=true data.online_device.train_size=100 "
                          "data.online_device.test_size=30 online.rounds=3 online.fraction=0.4"),  # cut in online round 2
     "tct": "algorithm=tct tct.stage1_rounds=2 tct.features=64 tct.local_steps=2 rounds=8",
+    "fedavg-local_model_accuracy": "algorithm=fedavg fedavg.local_model_accuracy=true",  # its kept local scores
+    "local_only-all_clients": "algorithm=local_only local_only.clients=all",
 }
 STOP_ROUND = 4
 
@@ -71,6 +73,7 @@ def test_an_interrupted_run_resumes_to_the_same_metrics(tmp_path, name):
     assert _metrics(tmp_path / "cut") == _metrics(tmp_path / "whole")
     for key in ("personalized_accuracy", "global_accuracy", "params_up", "params_down", "failed_client_replies"):
         assert resumed[key] == whole[key], key
+    assert resumed.get("official_local_accuracy") == whole.get("official_local_accuracy")
 
 
 def test_resume_refuses_another_config_or_a_missing_checkpoint(tmp_path):
