@@ -12,7 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
+import statistics
 import subprocess
 import sys
 import time
@@ -142,7 +142,8 @@ def reproduce(table: Table, scale: str, seeds: list[int], only: list[str] | None
             print(f"[reproduce] {job.key} failed (exit {code}); its log: {folder.parent / f'seed{job.seed}.log'}",
                   file=sys.stderr, flush=True)
         write_report(table, scale, out, manifest)
-    write_report(table, scale, out, manifest)
+    if not todo:
+        write_report(table, scale, out, manifest)
     print(f"[reproduce] table in {out / 'table.md'}" + (f"; {len(failed)} runs failed: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
 
@@ -156,27 +157,6 @@ def _minutes(m: float) -> str:
 
 
 # -- the report -------------------------------------------------------------------------------
-
-
-@dataclass
-class Stat:
-    """One cell's values of one column over the completed seeds."""
-
-    values: list[float]
-
-    @property
-    def n(self) -> int:
-        return len(self.values)
-
-    @property
-    def mean(self) -> float:
-        return sum(self.values) / self.n
-
-    @property
-    def std(self) -> float:
-        if self.n < 2:
-            return 0.0
-        return math.sqrt(sum((v - self.mean) ** 2 for v in self.values) / (self.n - 1))
 
 
 def collect(table: Table, out: Path) -> dict[str, dict[int, dict]]:
@@ -205,16 +185,16 @@ def rows(table: Table, done: dict[str, dict[int, dict]]) -> list[dict]:
         walls = [s["wall_time_s"] for s in summaries.values() if isinstance(s.get("wall_time_s"), (int, float))]
         for col in table.columns.values():
             values = cell_values(table, summaries, col.name)
-            stat = Stat(list(values.values())) if values else None
+            mean = statistics.fmean(values.values()) if values else None
+            std = statistics.stdev(values.values()) if len(values) > 1 else (0.0 if values else None)
             paper = cell.paper.get(col.name)
-            diff = stat.mean - paper if stat is not None and paper is not None else None
+            diff = mean - paper if mean is not None and paper is not None else None
             within = (abs(diff) <= table.tolerance if diff is not None and table.tolerance is not None and col.percent
                       else None)
             out.append({"cell": cell.name, "label": cell.label, "column": col.name, "metric": col.label,
-                        "runs": len(summaries), "n": stat.n if stat else 0, "mean": stat.mean if stat else None,
-                        "std": stat.std if stat else None, "seeds": sorted(values), "paper": paper,
-                        "difference": diff, "within_tolerance": within,
-                        "wall_s_per_seed": sum(walls) / len(walls) if walls else None})
+                        "runs": len(summaries), "n": len(values), "mean": mean, "std": std, "seeds": sorted(values),
+                        "paper": paper, "difference": diff, "within_tolerance": within,
+                        "wall_s_per_seed": statistics.fmean(walls) if walls else None})
     return out
 
 
