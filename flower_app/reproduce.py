@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import signal
 import statistics
 import subprocess
 import sys
@@ -123,7 +124,7 @@ def reproduce(table: Table, scale: str, seeds: list[int], only: list[str] | None
             log.write(f"$ {' '.join(cmd)}\n")
             log.flush()
             try:
-                code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
+                code = run_child(cmd, log)
             except KeyboardInterrupt:
                 print(f"[reproduce] interrupted during {job.key}; run the same command to continue", file=sys.stderr)
                 write_report(table, scale, out, manifest)
@@ -146,6 +147,30 @@ def reproduce(table: Table, scale: str, seeds: list[int], only: list[str] | None
         write_report(table, scale, out, manifest)
     print(f"[reproduce] table in {out / 'table.md'}" + (f"; {len(failed)} runs failed: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
+
+
+def run_child(cmd: list[str], log) -> int:
+    """Run ``cmd`` (output to ``log``) and return its exit code. Ctrl-C or SIGTERM to this process
+    stops the child too: it is sent SIGTERM (``flrep run`` then stops its engine and workers) and
+    waited for, killed only if it has not stopped within a minute; then the interruption goes on."""
+    def interrupted(signum, frame):  # SIGTERM is handled like Ctrl-C
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupted)
+    child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        return child.wait()
+    except KeyboardInterrupt:
+        if child.poll() is None:
+            child.terminate()
+            try:
+                child.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _save_manifest(out: Path, manifest: dict) -> None:

@@ -136,3 +136,29 @@ def test_reproduce_runs_each_cell_and_seed_once_and_resumes(tiny, tmp_path, caps
     assert first == {s: (run_folder(out, Job(table.cells["a"], s)) / "summary.json").stat().st_mtime_ns for s in (0, 1)}
     md = (out / "table.md").read_text()
     assert "| A | accuracy |" in md and " | 2 | 50.00 |" in md and "| B | accuracy | not run | 0 |" in md
+
+
+def test_sigterm_stops_the_running_cell_and_leaves_no_process(tmp_path):
+    """SIGTERM to ``flrep reproduce`` stops its ``flrep run`` child (and that child's engine) and
+    exits 130; the same command later starts the cell again."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    cmd = [sys.executable, "-m", "flower_app.cli", "reproduce", "lg_table4_adult", "--only", "lg_iid",
+           "--seeds", "0", "--out", str(tmp_path / "out")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    parent = psutil.Process(proc.pid)
+    deadline = time.monotonic() + 60
+    while len(parent.children(recursive=True)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.2)  # until the cell's flrep run has started its engine's processes
+    descendants = parent.children(recursive=True)
+    assert len(descendants) >= 3, "the cell's flrep run never started its engine"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 130
+    assert "interrupted during lg_iid/seed0" in proc.stderr.read()
+    _, alive = psutil.wait_procs(descendants, timeout=30)
+    assert not alive, [p.cmdline() for p in alive]
