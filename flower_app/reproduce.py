@@ -198,8 +198,8 @@ def collect(table: Table, out: Path) -> dict[str, dict[int, dict]]:
 def cell_values(table: Table, summaries: dict[int, dict], column: str) -> dict[int, float]:
     """seed -> the column's value (×100 for percent columns); seeds without the key are left out."""
     col = table.columns[column]
-    return {seed: float(s[col.key]) * (100 if col.percent else 1)
-            for seed, s in summaries.items() if isinstance(s.get(col.key), (int, float))}
+    values = {seed: col.value(s) for seed, s in summaries.items()}
+    return {seed: v for seed, v in values.items() if v is not None}
 
 
 def rows(table: Table, done: dict[str, dict[int, dict]]) -> list[dict]:

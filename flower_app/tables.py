@@ -5,6 +5,7 @@ A table file declares, once, what a paper table reports and how we compute each 
     title: FedRep Table 1, CIFAR-10        # shown in the generated table's header
     source: Collins et al. 2021, Table 1   # where the paper's numbers come from
     columns:                               # what each cell reports: a summary.json key
+                                           # (``a.b``: entry ``b`` of the summary's mapping ``a``)
       acc: {key: personalized_accuracy, label: personalized accuracy, percent: true}
     tolerance: 1.5                         # points (percent columns) within which ours matches
     scales:                                # `paper`: the paper's setting; `cpu`: a declared reduction
@@ -51,6 +52,18 @@ class Column:
     key: str
     label: str
     percent: bool
+
+    def value(self, summary: dict) -> float | None:
+        """The column's number in ``summary`` (×100 when percent), or None when it has none.
+
+        A dotted key ``a.b`` reads entry ``b`` of the mapping ``a`` (e.g. ``newclient_error.20``).
+        """
+        value: Any = summary
+        for part in self.key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return None
+        return float(value) * (100 if self.percent else 1)
 
 
 @dataclass(frozen=True)

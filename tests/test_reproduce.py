@@ -119,6 +119,15 @@ def test_the_report_gives_mean_std_paper_difference_and_claims(tiny, tmp_path):
     assert rows[0].startswith("cell,label,column") and len(rows) == 1 + 4
 
 
+def test_a_dotted_column_key_reads_an_entry_of_a_summary_mapping():
+    error = tables.Column("err", "newclient_error.20", "error at n = 20", percent=False)
+    acc = tables.Column("acc", "personalized_accuracy", "accuracy", percent=True)
+    summary = {"newclient_error": {"5": 0.9, "20": 0.125}, "personalized_accuracy": 0.5, "flag": True}
+    assert error.value(summary) == 0.125 and acc.value(summary) == 50.0
+    assert error.value({"newclient_error": {"5": 0.9}}) is None and error.value({}) is None
+    assert tables.Column("f", "flag", "flag", percent=False).value(summary) is None  # a bool is not a number
+
+
 def test_reproduce_runs_each_cell_and_seed_once_and_resumes(tiny, tmp_path, capsys):
     out = tmp_path / "out"
     table = load_table("tiny")
