@@ -41,6 +41,21 @@ def checkpoint_dir(out_dir: Path) -> Path:
     return out_dir / "checkpoint"
 
 
+def resumable(out_dir: Path) -> bool:
+    """``out_dir`` holds something ``resume=`` can continue: a server checkpoint, in it or in a
+    comparison's variant folder, or a variant that completed."""
+    folders = [out_dir, *(p for p in out_dir.iterdir() if p.is_dir())] if out_dir.is_dir() else []
+    return any((checkpoint_dir(f) / SERVER_FILE).is_file() for f in folders) or any(
+        _completed(f / "summary.json") for f in folders[1:])
+
+
+def _completed(summary: Path) -> bool:
+    try:
+        return json.loads(summary.read_text()).get("status") == "completed"
+    except (OSError, ValueError):
+        return False
+
+
 def save(out_dir: Path, state: dict[str, Any]) -> Path:
     """Write the server checkpoint ``state`` atomically; its path."""
     folder = checkpoint_dir(out_dir)

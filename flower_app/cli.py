@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import signal
 import sys
 import traceback
@@ -18,11 +19,33 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
 
 
+def resume_command(args: argparse.Namespace, out: Path) -> str:
+    """The exact command that continues this command's run in ``out`` from its last checkpoint."""
+    kept = [o for o in args.overrides if not o.startswith(("resume=", "out_dir="))]
+    options = [f"--nodes={args.nodes}"] if getattr(args, "nodes", None) else []
+    for name in ("tls", "node_data"):
+        if getattr(args, name, None):
+            options.append(f"--{name.replace('_', '-')}={Path(getattr(args, name)).resolve()}")
+    return shlex.join(["flrep", args.command, args.experiment, *kept, *options, f"resume={out}"])
+
+
+def _start_fresh_without_checkpoint(overrides: list[str], out: Path) -> list[str]:
+    """``resume=out`` where ``out`` holds nothing to continue: say so, move any started files
+    aside (nothing is deleted) and start a new run in ``out``."""
+    from flower_app import run_dir
+
+    moved = run_dir.move_aside(out)
+    aside = f" (its files moved to {moved})" if moved is not None else ""
+    print(f"flrep: no checkpoint in {out}{aside}, starting fresh", file=sys.stderr)
+    return [o for o in overrides if not o.startswith("resume=")] + [f"out_dir={out}"]
+
+
 def _prepare(args: argparse.Namespace, extra: list[str] = (), default_out: Path | None = None,
              check: Callable[[DictConfig], None] | None = None):
     """Overrides (the output directory fixed in them), the first variant and the output
     directory, after every check that needs no federation, ``check`` (the command's own)
     included: nothing is written before they pass. None after printing a configuration error."""
+    from flower_app import checkpoint
     from flower_app.config import load_variants
     from flower_app.experiment import output_dir
     from flower_app.server_app import preflight
@@ -32,6 +55,9 @@ def _prepare(args: argparse.Namespace, extra: list[str] = (), default_out: Path 
         overrides.append(f"out_dir={Path(args.out).expanduser().resolve()}")
     try:
         variants = load_variants(args.experiment, overrides)
+        if variants[0].resume and not checkpoint.resumable(output_dir(variants[0])):
+            overrides = _start_fresh_without_checkpoint(overrides, output_dir(variants[0]))
+            variants = load_variants(args.experiment, overrides)
         if not variants[0].resume and not variants[0].out_dir:  # fix the folder, so the outcome can be checked
             where = default_out.resolve() if default_out is not None else output_dir(variants[0])
             overrides.append(f"out_dir={where}")
@@ -84,8 +110,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
                      float(cfg.simulation.client_cpus), float(cfg.simulation.client_gpus))
     except (KeyboardInterrupt, SystemExit) as err:  # the simulation's threads would keep the process alive
         if isinstance(err, KeyboardInterrupt) or err.code == signal.SIGTERM:  # Ctrl-C, SIGTERM via Ray's handler
-            print(f"flrep: run interrupted ({type(err).__name__}); continue it from its last checkpoint with the "
-                  f"same command and resume={out}", file=sys.stderr)
+            print(f"flrep: run interrupted ({type(err).__name__}); continue it from its last checkpoint with:\n"
+                  f"  {resume_command(args, out)}", file=sys.stderr)
             exit_interrupted(130)
         print(f"flrep: run failed: the simulation exited with code {err.code}", file=sys.stderr)
         exit_interrupted(1)
@@ -143,7 +169,7 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
         return 2
     except Stopped as err:
         print(f"flrep: deployment {err}: the SuperLink, SuperNodes and run it started were stopped; continue "
-              f"with the same command and resume={out}", file=sys.stderr)
+              f"it with:\n  {resume_command(args, out)}", file=sys.stderr)
         return 128 + err.signum
     except BaseException as err:  # noqa: BLE001 - report any failure as a non-zero exit
         traceback.print_exc()
@@ -273,6 +299,7 @@ def _positive_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``flrep`` parser (its subcommands' parsers in ``SUBCOMMANDS`` after the call)."""
     parser = argparse.ArgumentParser(prog="flrep", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run an experiment in Flower's simulation engine and wait for it")
@@ -334,7 +361,24 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("bench", help="local-training throughput: engine vs DataLoader (flrep bench --help)")
     sub.add_parser("bench-entk", help="eNTK extraction throughput and stage-2 round time (flrep bench-entk --help)")
     sub.add_parser("pareto", help="LocalUpdate convergence/accuracy Pareto frontiers, Figs. 1-5 (flrep pareto --help)")
+    SUBCOMMANDS.clear()
+    SUBCOMMANDS.update(sub.choices)
     return parser
+
+
+#: name -> parser of each ``flrep`` subcommand (filled by :func:`build_parser`).
+SUBCOMMANDS: dict[str, argparse.ArgumentParser] = {}
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """``flrep``'s arguments. A command's key=value overrides may come before, between or after
+    its options (argparse's intermixed parsing, which works per subcommand)."""
+    parser = build_parser()
+    if argv and argv[0] in SUBCOMMANDS and SUBCOMMANDS[argv[0]].get_default("func") is not None:
+        args = SUBCOMMANDS[argv[0]].parse_intermixed_args(argv[1:])
+        args.command = argv[0]
+        return args
+    return parser.parse_args(argv)  # --help, no or an unknown command
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -351,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
         from task.analysis.pareto import main as pareto_main
 
         return pareto_main(argv[1:])
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     return args.func(args)
 
 

@@ -59,6 +59,29 @@ def test_a_refused_resume_changes_nothing(finished, capsys):
     assert tree(finished) == before  # summary.json included
 
 
+def test_resume_without_a_checkpoint_says_so_and_starts_fresh_moving_started_files_aside(tmp_path, capsys):
+    from flower_app.cli import _prepare, parse_args
+
+    started = tmp_path / "run"
+    started.mkdir()
+    (started / "config.yaml").write_text("rounds: 1\n")  # a run stopped before its first checkpoint
+    (started / "metrics.jsonl").write_text("")
+    before = tree(started)
+    overrides, cfg, out = _prepare(parse_args(["run", "quickstart", *TINY, f"resume={started}"]))
+    err = capsys.readouterr().err
+    assert f"no checkpoint in {started}" in err and "starting fresh" in err
+    assert out == started and not cfg.resume and f"out_dir={started}" in overrides
+    moved = next(tmp_path.glob("run.old-*"))
+    assert f"moved to {moved}" in err and tree(moved) == before  # nothing deleted
+
+
+def test_overrides_may_follow_the_options():
+    from flower_app.cli import parse_args
+
+    args = parse_args(["run", "quickstart", "rounds=2", "--out", "x", "resume=x", "seed=1"])
+    assert (args.experiment, args.overrides, args.out) == ("quickstart", ["rounds=2", "resume=x", "seed=1"], "x")
+
+
 def test_a_truncated_checkpoint_is_named(finished, tmp_path, capsys):
     copy = tmp_path / "run"
     shutil.copytree(finished, copy)

@@ -1,6 +1,7 @@
 """End-to-end runs of the Flower app in the simulation engine through the `flrep` command."""
 
 import json
+import shlex
 import signal
 import subprocess
 import sys
@@ -102,7 +103,7 @@ def test_an_interrupted_simulation_resumes_through_flrep_run(tmp_path):
     assert whole.returncode == 0, whole.stderr[-3000:]
     cut = tmp_path / "cut"
     proc = subprocess.Popen([sys.executable, "-m", "flower_app.cli", "run", *args, "--out", str(cut)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=(tmp_path / "cut.err").open("w"),
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as in a terminal
     try:
         deadline = time.monotonic() + 240
@@ -114,7 +115,9 @@ def test_an_interrupted_simulation_resumes_through_flrep_run(tmp_path):
     finally:
         proc.kill()
     assert not (cut / "summary.json").exists()
-    resumed = flrep_run(*args, f"resume={cut}")
+    hint = [line.strip() for line in (tmp_path / "cut.err").read_text().splitlines() if line.strip().startswith("flrep run ")]
+    assert hint == [shlex.join(["flrep", "run", *args, f"resume={cut}"])]
+    resumed = flrep_run(*shlex.split(hint[0])[2:])  # the printed command, as a user would paste it
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming" in resumed.stdout + resumed.stderr
     strip = ("elapsed_s",)
