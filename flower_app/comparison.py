@@ -1,7 +1,7 @@
 """Results of a run with several variants (``compare``): one table, one summary, one plot.
 
 Each variant writes its own results contract under ``<out>/<label>/``; the run directory
-gets ``summary.json`` (the first variant's summary plus ``comparison``: every variant's
+gets ``summary.json`` (the comparison's own: status, the variants and every variant's
 headline numbers), ``comparison.md``, ``plots/comparison.png`` and, for linear representation
 runs, ``plots/linear.png``.
 """
@@ -90,16 +90,28 @@ def plot_comparison(records: dict[str, list[dict]], path: Path, title: str) -> P
 
 
 def write_comparison(out_dir: Path, summaries: dict[str, dict], records: dict[str, list[dict]], title: str) -> dict:
-    """Write summary.json, comparison.md and plots/comparison.png; return the summary."""
+    """Write summary.json, comparison.md and plots/comparison.png; return the summary.
+
+    The summary is the comparison's own, naming no variant's algorithm: its status (completed
+    only when every variant completed), the variants in order, each one's headline numbers
+    and folder, and the time spent (training and evaluation; with start-up).
+    """
     first = next(iter(summaries.values()))
-    summary = dict(first)
-    summary.update(
-        status="completed" if all(s.get("status") == "completed" for s in summaries.values()) else "failed",
-        variants=list(summaries),
-        out_dir=str(out_dir),
-        comparison={label: {k: s.get(k) for k, _ in COLUMNS} | {"out_dir": s.get("out_dir")}
-                    for label, s in summaries.items()},
-    )
+    summary = {
+        "kind": "comparison",
+        "status": "completed" if all(s.get("status") == "completed" for s in summaries.values()) else "failed",
+        "title": title,
+        "experiment": first.get("experiment"),
+        "variants": list(summaries),
+        "comparison": {label: {"algorithm": s.get("algorithm"), "status": s.get("status")}
+                       | {k: s.get(k) for k, _ in COLUMNS} | {"out_dir": s.get("out_dir")}
+                       for label, s in summaries.items()},
+        "wall_time_s": sum(s.get("wall_time_s") or 0.0 for s in summaries.values()),
+        "out_dir": str(out_dir),
+    }
+    failed = [label for label, s in summaries.items() if s.get("status") != "completed"]
+    if failed:
+        summary["failure_reason"] = "; ".join(f"{label}: {summaries[label].get('failure_reason')}" for label in failed)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out_dir / "comparison.md", f"# {title}\n\n" + comparison_table(summaries))
     plot_comparison(records, out_dir / "plots" / "comparison.png", title)

@@ -31,11 +31,20 @@ from strategies.base import Algorithm, ServerHooks
 from strategies.common import failure_fields, fmt
 from strategies.evaluator import ServerEvaluator
 from task.data.sampling import sample_clients
-from task.learning.metrics import client_spread, final_window_mean
+from task.learning.metrics import client_spread, final_window_mean, final_window_rounds
 
 #: Progress-line fields shown when a round reports them (regression and linear-representation runs).
 EXTRA_PROGRESS = (("personalized_loss", "personalized loss"), ("representation_distance", "dist(B,B*)"),
                   ("global_grad_norm", "grad norm"))
+
+
+def describe_window(rounds: list[int]) -> str:
+    """The evaluations a final number averages, in words: ``mean of rounds 3-5 (3 evaluations)``."""
+    if not rounds:
+        return "no evaluation"
+    if len(rounds) == 1:
+        return f"round {rounds[0]}"
+    return f"mean of rounds {rounds[0]}-{rounds[-1]} ({len(rounds)} evaluations)"
 
 
 def output_dir(cfg: DictConfig) -> Path:
@@ -267,9 +276,9 @@ class Experiment:
         self.tracker.finish(summary)
         if summary["status"] != "completed":
             log(ERROR, "[flrep] run failed: %s", summary["failure_reason"])
-        log(INFO, "[flrep] personalized accuracy (final %d rounds) %s, global accuracy %s, %.1fs",
-            int(cfg.eval.final_window), fmt(summary["personalized_accuracy"]), fmt(summary["global_accuracy"]),
-            summary["wall_time_s"])
+        log(INFO, "[flrep] personalized accuracy %s, global accuracy %s (%s), %.1fs",
+            fmt(summary["personalized_accuracy"]), fmt(summary["global_accuracy"]),
+            describe_window(summary["final_window_rounds"]), summary["wall_time_s"])
         log(INFO, "[flrep] outputs: %s", self.out_dir)
         return summary
 
@@ -290,6 +299,9 @@ class Experiment:
             return final_window_mean([r["round"] for r in evals], [r.get(key) for r in evals], self.last_main_round,
                                      window)
 
+        headline = next((k for k in ("personalized_accuracy", "personalized_loss", "global_accuracy")
+                         if any(r.get(k) is not None for r in evals)), "personalized_accuracy")
+
         trains = [r for r in records if r["phase"] == "train"]
         summary = {
             "status": "completed", "experiment": cfg.experiment, "algorithm": cfg.algorithm,
@@ -299,6 +311,8 @@ class Experiment:
                                            "personalized_accuracy_worst10", "personalized_loss", "global_accuracy")},
             "global_accuracy_last": evals[-1].get("global_accuracy") if evals else None,
             "final_window": window,
+            "final_window_rounds": final_window_rounds([r["round"] for r in evals], [r.get(headline) for r in evals],
+                                                       self.last_main_round, window),
             "failed_client_replies": sum(len(r.get("failed_clients", [])) for r in records),
             "rounds_skipped": [r["round"] for r in trains if r.get("skipped")],
             "wall_time_s": time.monotonic() - self.start,

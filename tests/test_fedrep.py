@@ -283,7 +283,11 @@ def test_quickstart_compares_fedrep_with_fedavg(tmp_path):
     grid = LocalGrid(20, {"experiment": "quickstart", "overrides": overrides})
     summary = run_variants(grid, load_variants("quickstart", overrides))
     assert summary["variants"] == ["fedrep", "fedavg"]
+    assert summary["kind"] == "comparison" and "algorithm" not in summary and "personalized_accuracy" not in summary
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "completed"
     comp = summary["comparison"]
+    assert comp["fedrep"]["algorithm"] == "fedrep" and comp["fedavg"]["status"] == "completed"
+    assert summary["wall_time_s"] == pytest.approx(comp["fedrep"]["wall_time_s"] + comp["fedavg"]["wall_time_s"])
     assert comp["fedrep"]["personalized_accuracy"] > comp["fedavg"]["personalized_accuracy"] + 0.05
     assert comp["fedrep"]["global_accuracy"] is None and comp["fedavg"]["global_accuracy"] > 0.5
     table = (tmp_path / "comparison.md").read_text()

@@ -21,8 +21,16 @@ def final_window_mean(rounds: Sequence[int], values: Sequence[float | None], las
 
     Falls back to the last measured value when no measurement lies in the window.
     """
-    pairs = [(r, v) for r, v in zip(rounds, values) if v is not None]
-    if not pairs:
+    used = final_window_rounds(rounds, values, last_round, window)
+    if not used:
         return None
-    inside = [v for r, v in pairs if r > last_round - window]
-    return float(np.mean(inside)) if inside else float(pairs[-1][1])
+    return float(np.mean([v for r, v in zip(rounds, values) if r in used and v is not None]))
+
+
+def final_window_rounds(rounds: Sequence[int], values: Sequence[float | None], last_round: int,
+                        window: int) -> list[int]:
+    """The rounds whose values :func:`final_window_mean` averages (the last measured round when
+    none lies in the window; empty when nothing was measured)."""
+    measured = [r for r, v in zip(rounds, values) if v is not None]
+    inside = [r for r in measured if r > last_round - window]
+    return inside if inside else measured[-1:]
