@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -40,6 +42,21 @@ def _start_fresh_without_checkpoint(overrides: list[str], out: Path) -> list[str
     return [o for o in overrides if not o.startswith("resume=")] + [f"out_dir={out}"]
 
 
+def _quick_check(args: argparse.Namespace) -> bool:
+    """The mistakes that need no heavy import, found in the command's first second (printed)."""
+    from flower_app import run_dir
+    from flower_app.precheck import quick_check
+
+    try:
+        quick_check(args.experiment, list(args.overrides))
+        if args.out:
+            run_dir.check_writable(Path(args.out).expanduser().resolve(), "--out")
+    except ConfigError as err:
+        print(f"flrep: configuration error: {err}", file=sys.stderr)
+        return False
+    return True
+
+
 def _prepare(args: argparse.Namespace, extra: list[str] = (), default_out: Path | None = None,
              check: Callable[[DictConfig], None] | None = None):
     """Overrides (the output directory fixed in them), the first variant and the output
@@ -50,6 +67,11 @@ def _prepare(args: argparse.Namespace, extra: list[str] = (), default_out: Path 
     from flower_app.experiment import output_dir
     from flower_app.server_app import preflight
 
+    from flower_app.console import configure, say
+    from task.data.federated_data import build_federated_data
+
+    configure(args.verbose)
+    since = command_start()
     overrides = list(args.overrides) + list(extra)
     if args.out:
         overrides.append(f"out_dir={Path(args.out).expanduser().resolve()}")
@@ -64,6 +86,11 @@ def _prepare(args: argparse.Namespace, extra: list[str] = (), default_out: Path 
             variants = load_variants(args.experiment, overrides)
         if check is not None:
             check(variants[0])
+        say(f"configuration checked: {args.experiment}, {len(variants)} variant(s)", since)
+        loaded = time.time()
+        fed = build_federated_data(variants[0].data, int(variants[0].seed))
+        say(f"data ready: {variants[0].data.name}, {len(fed.bundle.train.y):,} train / {len(fed.bundle.test.y):,} "
+            f"test samples, {fed.num_clients} clients partitioned in {time.time() - loaded:.1f}s", since)
         moved = preflight(variants, force=bool(getattr(args, "force", False)))
     except ConfigError as err:
         print(f"flrep: configuration error: {err}", file=sys.stderr)
@@ -72,6 +99,13 @@ def _prepare(args: argparse.Namespace, extra: list[str] = (), default_out: Path 
     if moved is not None:
         print(f"flrep: --force: the earlier run in {out} was moved to {moved}", file=sys.stderr)
     return overrides, variants[0], out
+
+
+def command_start() -> float:
+    """When this command's process started (epoch seconds)."""
+    import psutil
+
+    return psutil.Process().create_time()
 
 
 def _summary_stamp(out: Path) -> tuple[int, int] | None:
@@ -98,6 +132,10 @@ def _outcome(out: Path, before: tuple[int, int] | None) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    if not _quick_check(args):
+        return 2
+    from flower_app.console import say
+    from flower_app.experiment import COMMAND_START_ENV
     from flower_app.simulation import check_resources, exit_interrupted, run_blocking
 
     prepared = _prepare(args, check=lambda cfg: check_resources(cfg.simulation))
@@ -105,6 +143,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return 2
     overrides, cfg, out = prepared
     before = _summary_stamp(out)
+    os.environ[COMMAND_START_ENV] = str(command_start())  # the run counts the engine's start as start-up
+    say(f"starting Flower's simulation engine: {int(cfg.data.num_clients)} SuperNodes, "
+        f"{float(cfg.simulation.client_cpus):g} CPU(s) per ClientApp", command_start())
     try:
         run_blocking(args.experiment, overrides, int(cfg.data.num_clients),
                      float(cfg.simulation.client_cpus), float(cfg.simulation.client_gpus))
@@ -126,6 +167,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_deploy(args: argparse.Namespace) -> int:
+    if not _quick_check(args):
+        return 2
     from flower_app.certs import load_deployment_keys
     from flower_app.deployment import LocalDeployment, Stopped
 
@@ -244,6 +287,27 @@ def _cmd_bench_round(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_superlink(args: argparse.Namespace) -> int:
+    from flower_app.local_superlink import describe, local_superlinks, stop, with_descendants
+
+    links = local_superlinks()
+    if not links:
+        print("flrep: no local SuperLink of flwr run . is running for this user")
+        return 0
+    processes = [p for link in links for p in with_descendants(link)]
+    print("flrep: the local SuperLink of flwr run . and the processes it started:")
+    for proc in processes:
+        print(describe(proc))
+    if not args.stop:
+        print("flrep: stop them with: flrep superlink --stop")
+        return 0
+    ended = stop(processes)
+    left = sorted({p.pid for p in processes} - set(ended))
+    print(f"flrep: stopped {len(ended)} process(es): {' '.join(map(str, ended))}"
+          + (f"; still running: {' '.join(map(str, left))}" if left else ""))
+    return 1 if left else 0
+
+
 def _cmd_list(args: argparse.Namespace) -> int:
     from flower_app.config import experiment_names
     from strategies import ALGORITHMS
@@ -308,6 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", help="output directory (default: outputs/<experiment>-<timestamp>)")
     run.add_argument("--force", action="store_true", help="move an earlier run in the output directory aside "
                      "(to <dir>.old-<time>; nothing is deleted) instead of refusing to start")
+    run.add_argument("--verbose", action="store_true", help="also show Flower's and Ray's INFO lines and warnings")
     run.set_defaults(func=_cmd_run)
     bench = sub.add_parser("bench-round", help="run a few rounds in the simulation engine and report where the time "
                                                "went (engine start-up, server phases, clients' setup/compute/snapshots)")
@@ -325,6 +390,7 @@ def build_parser() -> argparse.ArgumentParser:
     dep.add_argument("--nodes", type=_positive_int, required=True, help="number of SuperNodes (= data.num_clients)")
     dep.add_argument("--out", help="output directory (logs of the processes in <out>/deployment)")
     dep.add_argument("--force", action="store_true", help="move an earlier run in the output directory aside")
+    dep.add_argument("--verbose", action="store_true", help="also show Flower's and Ray's INFO lines and warnings")
     dep.add_argument("--tls", help="directory made by 'flrep certs': TLS and SuperNode authentication")
     dep.add_argument("--node-data", help="directory made by 'flrep split-data': each SuperNode loads node-<i>/")
     dep.set_defaults(func=_cmd_deploy)
@@ -340,6 +406,10 @@ def build_parser() -> argparse.ArgumentParser:
     spl.add_argument("overrides", nargs="*", help="dotted key=value overrides")
     spl.add_argument("--out", required=True, help="directory for the node folders")
     spl.set_defaults(func=_cmd_split_data)
+    slk = sub.add_parser("superlink", help="show (--stop: stop) the local SuperLink that 'flwr run .' leaves running "
+                                           "for this user, with its SuperExec and simulation processes")
+    slk.add_argument("--stop", action="store_true", help="stop them (SIGTERM, then SIGKILL after 10 s)")
+    slk.set_defaults(func=_cmd_superlink)
     lst = sub.add_parser("list", help="list experiments and algorithms")
     lst.set_defaults(func=_cmd_list)
     rep = sub.add_parser("reproduce", help="run a paper table's cells over seeds (resumable) and write ours beside "
@@ -396,6 +466,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return pareto_main(argv[1:])
     args = parse_args(argv)
+    if args.command in ("run", "deploy"):
+        os.environ["FLREP_VERBOSE"] = "1" if args.verbose else "0"  # console.VERBOSE_ENV, read by the ServerApp
     return args.func(args)
 
 

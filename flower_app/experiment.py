@@ -6,6 +6,7 @@ and its declared hooks (:class:`strategies.base.ServerHooks`), and the active pa
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from datetime import datetime
@@ -19,6 +20,7 @@ from flwr.serverapp import Grid
 from omegaconf import DictConfig
 
 from flower_app import checkpoint, run_dir
+from flower_app.console import RoundBar
 from flower_app.config import clients_per_round, pick_device, validate_with_data
 from flower_app.federation import Federation, NodeSubset, Traffic, connect, rejoin
 from flower_app.results import RunRecorder
@@ -36,6 +38,20 @@ from task.learning.metrics import client_spread, final_window_mean, final_window
 #: Progress-line fields shown when a round reports them (regression and linear-representation runs).
 EXTRA_PROGRESS = (("personalized_loss", "personalized loss"), ("representation_distance", "dist(B,B*)"),
                   ("global_grad_norm", "grad norm"))
+
+
+#: Set by ``flrep`` to the command's start (epoch seconds) so that a run in its simulation counts the
+#: engine's start-up as start-up too.
+COMMAND_START_ENV = "FLREP_COMMAND_START"
+
+
+def command_startup_s(app_started_at: float) -> float:
+    """Seconds between the ``flrep`` command's start and this app's, for the command's first run
+    only (0 outside ``flrep run`` and for a comparison's later variants)."""
+    try:
+        return max(0.0, app_started_at - float(os.environ.pop(COMMAND_START_ENV)))
+    except (KeyError, ValueError):
+        return 0.0
 
 
 def describe_window(rounds: list[int]) -> str:
@@ -63,7 +79,9 @@ class Experiment:
 
     def __init__(self, grid: Grid, cfg: DictConfig) -> None:
         self.grid, self.cfg = grid, cfg
-        self.start = time.monotonic()
+        self.created = time.monotonic()
+        self.start = self.created  # reset when the rounds begin: elapsed times count training and evaluation only
+        self.startup_s = 0.0
         self.started_at = time.time()
         self.timer = PhaseTimer()
         self.algorithm: Algorithm = ALGORITHMS[cfg.algorithm]
@@ -96,6 +114,7 @@ class Experiment:
             state = self.model.state_dict()
             self.arrays = ArrayRecord({k: state[k].detach().clone() for k in self.algorithm.shared_keys(self.model, cfg)})
         self.next_round = 1
+        self.elapsed_before = 0.0  # training and evaluation seconds before a resume
         if self.resumed is not None:
             self.restore(self.resumed)
 
@@ -106,7 +125,7 @@ class Experiment:
         self.traffic = Traffic(**saved["traffic"])
         self.last_main_round, self.next_round = saved["last_main_round"], saved["round"] + 1
         self.main_done = saved["main_done"]
-        self.start -= saved["elapsed_s"]
+        self.elapsed_before = float(saved["elapsed_s"])
         log(INFO, "[flrep] resuming %s after round %d", self.out_dir, saved["round"])
 
     def handshake(self, restore_round: int = -1) -> ConfigRecord:
@@ -244,25 +263,35 @@ class Experiment:
             cfg.experiment, cfg.algorithm, cfg.data.name, self.data.num_clients, self.num_sampled, rounds, self.out_dir)
         fed = self.start_federation()
         loop_start, first_round = time.monotonic(), self.next_round
+        self.startup_s = loop_start - self.created + command_startup_s(self.started_at)
+        self.start = loop_start - self.elapsed_before
+        bar = RoundBar(rounds, first_round - 1)
+        log(INFO, "[flrep] start-up %.1fs (%s); training starts", self.startup_s, ", ".join(
+            f"{name.removeprefix('start: ')} {v['s']:.1f}s" for name, v in self.timer.as_dict().items()
+            if name.startswith("start:")))
         for t in range(self.next_round, 0 if self.main_done else rounds + 1):
             self.adopt_restarted(t, fed)
             with self.timer.phase("round: prepare"):
                 phase_record = self.strategy.prepare_round(t, self.services)
             if phase_record is not None:
                 self.log_record(phase_record)
-            self.log_record(self.train_round(t, fed), track="train")
+            train_record = self.train_round(t, fed)
+            self.log_record(train_record, track="train")
+            eval_record = None
             if self.should_evaluate(t):
                 eval_record = self.evaluate_round(t, fed)
                 self.strategy.observe_eval(t, eval_record)
                 self.log_record(eval_record, track="eval")
-                self._progress(t, rounds, eval_record, (time.monotonic() - loop_start) / (t - first_round + 1))
                 if any(p.ends_main_phase(eval_record, self.services) for p in self.protocols):
                     self.last_main_round, self.main_done = t, True
+            bar.advance(self.round_line(t, rounds, train_record, eval_record,
+                                        (time.monotonic() - loop_start) / (t - first_round + 1)))
             self.main_done = self.main_done or t == rounds
             with self.timer.phase("round: checkpoint"):
                 self.save_checkpoint(t, fed)
             if self.main_done:
                 break
+        bar.close()
         for protocol in self.protocols:
             protocol.after_main(self.services)
         for protocol in self.protocols:
@@ -282,13 +311,21 @@ class Experiment:
         log(INFO, "[flrep] outputs: %s", self.out_dir)
         return summary
 
-    def _progress(self, t: int, rounds: int, record: dict, seconds_per_round: float) -> None:
-        extra = "".join(f" | {name} {fmt(record.get(key))}" for key, name in EXTRA_PROGRESS
-                        if record.get(key) is not None
-                        and (key != "personalized_loss" or record["personalized_accuracy"] is None))
-        log(INFO, "[flrep] round %d/%d | personalized acc %s | global acc %s%s | elapsed %.1fs | ETA %.1fs",
-            t, rounds, fmt(record["personalized_accuracy"]), fmt(record.get("global_accuracy")), extra,
-            time.monotonic() - self.start, seconds_per_round * (rounds - t))
+    def round_line(self, t: int, rounds: int, train: dict, evaluation: dict | None, seconds_per_round: float) -> str:
+        """Round ``t`` in one line: training loss, clients that replied, traffic so far, the
+        accuracies when evaluated, training-and-evaluation time so far and the ETA."""
+        replied = len(train["clients"]) - len(train.get("failed_clients", []))
+        parts = [f"round {t}/{rounds}", "skipped" if train.get("skipped") else f"train loss {fmt(train.get('train_loss'))}",
+                 f"{replied}/{len(train['clients'])} clients replied",
+                 f"up {train['bytes_up'] / 1e6:.1f} MB, down {train['bytes_down'] / 1e6:.1f} MB"]
+        if evaluation is not None:
+            parts.append(f"personalized acc {fmt(evaluation['personalized_accuracy'])}")
+            parts.append(f"global acc {fmt(evaluation.get('global_accuracy'))}")
+            parts += [f"{name} {fmt(evaluation.get(key))}" for key, name in EXTRA_PROGRESS
+                      if evaluation.get(key) is not None
+                      and (key != "personalized_loss" or evaluation["personalized_accuracy"] is None)]
+        parts.append(f"elapsed {time.monotonic() - self.start:.1f}s | ETA {seconds_per_round * (rounds - t):.1f}s")
+        return "[flrep] " + " | ".join(parts)
 
     def summary(self) -> dict:
         cfg, records = self.cfg, self.recorder.records
@@ -316,6 +353,8 @@ class Experiment:
             "failed_client_replies": sum(len(r.get("failed_clients", [])) for r in records),
             "rounds_skipped": [r["round"] for r in trains if r.get("skipped")],
             "wall_time_s": time.monotonic() - self.start,
+            "startup_s": self.startup_s,
+            "total_time_s": time.monotonic() - self.start + self.startup_s,
             "started_at": self.started_at,
             "timings": self.timer.as_dict(),
             "out_dir": str(self.out_dir),

@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import json
-from logging import INFO
+from logging import ERROR, INFO
 from pathlib import Path
 
 from flwr.app import Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
+from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 from omegaconf import DictConfig
 
-from flower_app import checkpoint, run_dir
+from flower_app import checkpoint, console, run_dir
 from flower_app.comparison import comparison_table, write_comparison
 from flower_app.config import pick_device, validate_with_data, variants_from_run_config
 from flower_app.experiment import Experiment, output_dir
 from strategies.checks import require
+from task.errors import ConfigError
 
 app = ServerApp()
 
@@ -46,8 +48,18 @@ def preflight(variants: tuple[DictConfig, ...], force: bool = False) -> Path | N
     return moved
 
 
+def check_simulated_nodes(grid: Grid, num_clients: int) -> None:
+    """In Flower's simulation every SuperNode exists before the ServerApp starts: too few of them
+    is a configuration error at once (not after ``faults.node_wait_s``), before anything is written."""
+    if isinstance(grid, InMemoryGrid) and len(nodes := list(grid.get_node_ids())) < num_clients:
+        raise ConfigError(f"data.num_clients={num_clients}, but the simulation has {len(nodes)} SuperNodes: run "
+                          f"flwr run . --federation-config \"num-supernodes={num_clients}\" (or flrep run, which "
+                          f"starts one per client), or set data.num_clients={len(nodes)}")
+
+
 def run_variants(grid: Grid, variants: tuple[DictConfig, ...]) -> dict:
     """Run each variant in turn on the same federation; with several, write the comparison."""
+    check_simulated_nodes(grid, int(variants[0].data.num_clients))
     if len(variants) == 1:
         return Experiment(grid, variants[0]).run()  # it makes preflight's checks itself before writing
     preflight(variants)  # every variant's errors stop the run before the first variant writes anything
@@ -91,5 +103,11 @@ def _completed_variant(out: Path) -> tuple[dict, list[dict]] | None:
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Load and validate the configuration(s), then run the experiment."""
+    console.configure()
     rc = context.run_config
-    run_variants(grid, variants_from_run_config(str(rc.get("experiment", "quickstart")), str(rc.get("overrides", ""))))
+    try:
+        run_variants(grid, variants_from_run_config(str(rc.get("experiment", "quickstart")),
+                                                    str(rc.get("overrides", ""))))
+    except ConfigError as err:  # one line, not a traceback: the message names the key and the fix
+        log(ERROR, "[flrep] configuration error: %s", err)
+        raise SystemExit(2) from None

@@ -16,17 +16,8 @@ import sys
 from logging import WARNING
 from typing import NoReturn
 
-from flwr.app import Context, RecordDict
-from flwr.common.config import get_fused_config_from_dir, get_project_config
 from flwr.common.logger import log
-from flwr.server.superlink.linkstate.utils import generate_rand_int_from_bytes
-from flwr.simulation.run_simulation import _run_simulation
-from flwr.supercore.constant import NOOP_FEDERATION_ID
-from flwr.supercore.run import Run
-from flwr.supercore.task_identity import TaskIdentity
 from omegaconf import DictConfig
-from flwr.common.constant import SUPERLINK_NODE_ID
-from flwr.supercore.telemetry import EventType
 
 from flower_app.config import PROJECT_DIR as APP_DIR
 from strategies.state_store import SIMULATION_ENV
@@ -35,6 +26,17 @@ from task.errors import ConfigError
 
 def run_blocking(experiment: str, overrides: list[str], num_supernodes: int, client_cpus: float, client_gpus: float) -> None:
     """Run the app in the simulation engine until it ends; raise if the ServerApp failed."""
+    # the engine's modules (Ray among them) load here, after the configuration was checked
+    from flwr.app import Context, RecordDict
+    from flwr.common.config import get_fused_config_from_dir, get_project_config
+    from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.server.superlink.linkstate.utils import generate_rand_int_from_bytes
+    from flwr.simulation.run_simulation import _run_simulation
+    from flwr.supercore.constant import NOOP_FEDERATION_ID
+    from flwr.supercore.run import Run
+    from flwr.supercore.task_identity import TaskIdentity
+    from flwr.supercore.telemetry import EventType
+
     if not (APP_DIR / "pyproject.toml").is_file():
         raise RuntimeError(f"flrep run needs the app's source tree (pyproject.toml) at {APP_DIR}; install with 'pip install -e .'")
     components = get_project_config(APP_DIR)["tool"]["flwr"]["app"]["components"]

@@ -3,10 +3,14 @@
 ``flrep bench-round`` report adds the phases up honestly."""
 
 import json
+import time
+
+import pytest
 
 from flower_app.bench_round import breakdown, table
-from flower_app.config import load_config
+from flower_app.config import load_config, load_variants
 from flower_app.experiment import Experiment
+from flower_app.server_app import run_variants
 from tests.local_grid import LocalGrid
 
 
@@ -25,7 +29,7 @@ def test_timings_are_reported_and_never_aggregated(tmp_path):
 
 
 def test_the_bench_report_adds_up():
-    summary = {"started_at": 100.0, "wall_time_s": 10.0, "rounds": 4,
+    summary = {"started_at": 100.0, "wall_time_s": 8.0, "startup_s": 2.0, "rounds": 4,  # wall time: the rounds only
                "timings": {"start: data and model": {"s": 1.0, "calls": 1}, "start: handshake": {"s": 1.0, "calls": 1},
                            "exchange: train": {"s": 6.0, "calls": 4},
                            "clients: train compute_s": {"s": 9.0, "calls": 8}}}
@@ -71,3 +75,23 @@ def test_bench_clientapp_times_fresh_processes(tmp_path):
     for run in runs:
         assert set(run) == {"process_s", "imports_s", "config_s", "data_s", "model_s"}
         assert run["process_s"] > run["imports_s"] + run["config_s"] + run["data_s"] + run["model_s"] > 0
+
+
+class SlowStartGrid(LocalGrid):
+    """The nodes take 1.5 s to answer the handshake (a slow engine start), then answer at once."""
+
+    def send_and_receive(self, messages, *, timeout=None):
+        messages = list(messages)
+        if any(m.metadata.message_type.startswith("query") for m in messages):
+            time.sleep(1.5)
+        return super().send_and_receive(messages, timeout=timeout)
+
+
+def test_start_up_is_counted_apart_from_the_rounds(tmp_path):
+    overrides = f"wandb.enabled=false compare=[] rounds=2 eval.final_window=1 out_dir={tmp_path}"
+    summary = run_variants(SlowStartGrid(20, {"experiment": "quickstart", "overrides": overrides}),
+                           load_variants("quickstart", overrides.split()))
+    assert summary["startup_s"] >= 1.5 and summary["wall_time_s"] < summary["startup_s"]
+    assert summary["total_time_s"] == pytest.approx(summary["startup_s"] + summary["wall_time_s"], abs=0.05)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert records[0]["round"] == 1 and records[0]["elapsed_s"] < 1.5  # round 1 is not charged the start-up

@@ -17,11 +17,13 @@ Config keys (under ``data.``)
 from __future__ import annotations
 
 import io
+import sys
 import tarfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from task.data.datasets.bundle import DataBundle
 from task.data.datasets.cache import CACHE_VERSION, file_stamp, hash_key, load_npz, save_npz_atomic
@@ -131,14 +133,17 @@ def load_image_folder(root: Path, data_cfg: Mapping, cache_dir: Path, expected_c
             raise ConfigError(f"{folder}: test classes {unknown} have no train/ folder; expected the same class folders")
         cls_index = {c: i for i, c in enumerate(classes)}
         images: list[np.ndarray] = []
+        print(f"[flrep] decoding {len(entries):,} images of {folder} (once: cached in {cache_file.parent})",
+              file=sys.stderr, flush=True)
+        progress = tqdm(entries, desc="[flrep] decoding", unit="img", disable=None, mininterval=1.0)
         if folder.is_file():
             with tarfile.open(folder) as tar:
                 members = {m.name: m for m in tar.getmembers() if m.isfile()}
-                for _, _, name in entries:
+                for _, _, name in progress:
                     fh = tar.extractfile(members[name])
                     images.append(_decode_image(fh.read(), f"{folder}:{name}", mode))
         else:
-            for _, _, name in entries:
+            for _, _, name in progress:
                 images.append(_decode_image(Path(name), name, mode))
         ref = next(i for i, e in enumerate(entries) if e[0] == "train")
         shape0 = images[ref].shape

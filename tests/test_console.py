@@ -1,0 +1,40 @@
+"""The console: flrep's lines and warnings always, Flower's INFO chatter only with --verbose,
+no colour codes when stderr is not a terminal."""
+
+import logging
+
+from flwr.common.logger import ConsoleHandler
+from flwr.supercore.logger import LOGGER_NAME
+
+from flower_app import console
+
+
+def _console_handler() -> ConsoleHandler:
+    return next(h for h in logging.getLogger(LOGGER_NAME).handlers if isinstance(h, ConsoleHandler))
+
+
+def _record(level: int, msg: str) -> logging.LogRecord:
+    return logging.LogRecord(LOGGER_NAME, level, __file__, 1, msg, (), None)
+
+
+def test_only_flrep_lines_and_warnings_pass_unless_verbose():
+    handler = _console_handler()
+    flower_info = _record(logging.INFO, "configure_train: Sampled 5 nodes (out of 5)")
+    ours = _record(logging.INFO, "[flrep] round 1/2 | train loss 0.5")
+    warning = _record(logging.WARNING, "a node failed")
+    try:
+        console.configure(verbose=False)
+        assert not handler.filter(flower_info) and handler.filter(ours) and handler.filter(warning)
+        assert "\x1b[" not in handler.format(ours)  # pytest's stderr is not a terminal
+        console.configure(verbose=True)
+        assert handler.filter(flower_info) and handler.filter(ours)
+    finally:
+        console.configure(verbose=True)
+        handler.colored = True
+
+
+def test_the_round_bar_is_silent_off_a_terminal():
+    bar = console.RoundBar(total=3, done=0)
+    assert bar.bar is None
+    bar.advance("[flrep] round 1/3 | train loss 0.5")
+    bar.close()

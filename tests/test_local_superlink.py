@@ -1,0 +1,50 @@
+"""``flrep superlink``: finds this user's local SuperLink of ``flwr run .`` with the processes
+it started and stops them by PID; a SuperLink started by hand is never touched."""
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+
+from flower_app.cli import main as flrep
+from flower_app.local_superlink import local_superlinks
+
+FAKE = textwrap.dedent("""\
+    import subprocess, sys, time
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # its SuperExec
+    time.sleep(120)
+""")
+
+
+def _start(tmp_path, name: str, *args: str) -> subprocess.Popen:
+    script = tmp_path / name / "flower-superlink"
+    script.parent.mkdir()
+    script.write_text(FAKE)
+    return subprocess.Popen([sys.executable, str(script), *args])
+
+
+def test_the_local_superlink_and_its_children_are_stopped_and_a_hand_started_one_kept(tmp_path, capsys):
+    local = _start(tmp_path, "a", "--insecure", "--log-file", str(tmp_path / "local-superlink" / "superlink.log"))
+    by_hand = _start(tmp_path, "b", "--insecure")
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not psutil.Process(local.pid).children():
+            time.sleep(0.1)
+        child = psutil.Process(local.pid).children()[0]
+        assert [p.pid for p in local_superlinks()] == [local.pid]
+        assert flrep(["superlink"]) == 0
+        listed = capsys.readouterr().out
+        assert str(local.pid) in listed and str(child.pid) in listed and str(by_hand.pid) not in listed
+        assert local.poll() is None  # listing stops nothing
+        assert flrep(["superlink", "--stop"]) == 0
+        assert "stopped 2 process(es)" in capsys.readouterr().out
+        assert local.wait(timeout=15) is not None and not child.is_running()
+        assert by_hand.poll() is None
+        assert flrep(["superlink"]) == 0 and "no local SuperLink" in capsys.readouterr().out
+    finally:
+        for proc in (local, by_hand):
+            for kid in psutil.Process(proc.pid).children() if proc.poll() is None else []:
+                kid.kill()
+            proc.kill()
