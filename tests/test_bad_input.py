@@ -5,15 +5,19 @@ failed. The finished run they are tried against is a real one (in-process, one r
 import hashlib
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 import torch
+from flwr.app import Context, RecordDict
+from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
 from flower_app.cli import _outcome, _summary_stamp
 from flower_app.cli import main as flrep
 from flower_app.config import load_config, load_variants, validate_with_data
 from flower_app.experiment import Experiment
+from flower_app.server_app import main as server_main
 from flower_app.server_app import preflight
 from task.data.datasets.image_folder import load_image_folder
 from task.errors import ConfigError
@@ -263,3 +267,26 @@ def test_a_refused_deploy_moves_nothing_aside_even_with_force(finished, tmp_path
                   "--node-data", str(tmp_path / "missing")])
     assert code == 2 and "--node-data" in capsys.readouterr().err
     assert tree(finished) == before and not list(finished.parent.glob("run.old-*"))
+
+
+class TwoNodeSimulation(InMemoryGrid):
+    """Flower's simulation grid with 2 SuperNodes (Flower's default size) and nothing else."""
+
+    def __init__(self) -> None:  # no link state: only the node ids are asked for
+        pass
+
+    def get_node_ids(self):
+        return [11, 12]
+
+
+def test_too_few_simulated_supernodes_stop_the_serverapp_at_once_in_one_line_writing_nothing(tmp_path, caplog):
+    out = tmp_path / "run"
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                      run_config={"experiment": "quickstart", "overrides": f"out_dir={out}"})
+    start = time.monotonic()
+    with pytest.raises(SystemExit) as stop:
+        server_main(TwoNodeSimulation(), context)
+    assert stop.value.code == 2 and time.monotonic() - start < 20  # not after faults.node_wait_s=30
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and 'num-supernodes=20' in errors[0] and "2 SuperNodes" in errors[0]
+    assert not out.exists()
