@@ -12,6 +12,7 @@ from task.learning.models import MODEL_NAMES, SplitModel, build_model
 # name -> (natural input shape, classes, total parameters, groups)
 MODELS = {
     "fedrep_cnn": ((3, 32, 32), 10, 307_842, ["conv1", "conv2", "fc1", "fc2", "fc3"]),
+    "fedavgft_cnn": ((3, 32, 32), 10, 845_738, ["block1", "block2", "block3", "fc1", "fc2", "fc3"]),
     "fedrep_cnn100": ((3, 32, 32), 100, 1_075_044, ["conv1", "conv2", "fc1", "fc2", "fc3"]),
     "mlp_mnist": ((1, 28, 28), 10, 633_226, ["fc1", "fc2", "fc3", "fc4", "fc5"]),
     "lenet5": ((3, 32, 32), 10, 64_102, ["conv1", "conv2", "fc1", "fc2", "fc3"]),

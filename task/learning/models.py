@@ -217,6 +217,22 @@ def fedrep_cnn100(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
     )
 
 
+def fedavgft_cnn(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
+    """The CNN of "FedAvg with fine tuning" (Collins et al. 2022, Section 5.2): three blocks of
+    two convolutions and a max pool, then a three-layer MLP. The paper gives no widths (its
+    Appendix C is not in our copy); ours, VGG-like: 3x3 convs with padding 1 and ReLU, widths
+    32-32, 64-64, 128-128 (each block then maxpool 2), fc 2048-256-128-classes with ReLU.
+    Groups block1, block2, block3, fc1, fc2, fc3; 845,738 parameters on (3, 32, 32) with 10 classes.
+    """
+    c, _, _ = _image_shape("fedavgft_cnn", input_shape)
+    groups: OrderedDict[str, nn.Module] = OrderedDict()
+    for i, (c_in, c_out) in enumerate(zip((c, 32, 64), (32, 64, 128)), start=1):
+        groups[f"block{i}"] = nn.Sequential(nn.Conv2d(c_in, c_out, 3, padding=1), nn.ReLU(),
+                                            nn.Conv2d(c_out, c_out, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2))
+    n_in = _flat_size("fedavgft_cnn", list(groups.values()), input_shape)
+    return _add_fc_groups(groups, n_in, (256, 128), num_classes)
+
+
 def lenet5(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
     """LG-FedAvg's LeNet-5 for CIFAR (LG-FedAvg ``models/Nets.py``, ``CNNCifar``; confirmed).
 
@@ -381,6 +397,7 @@ _BUILDERS: dict[str, Callable[[tuple[int, ...], int], SplitModel]] = {
     "adult_fair": adult_fair,
     "fedrep_cnn": fedrep_cnn,
     "fedrep_cnn100": fedrep_cnn100,
+    "fedavgft_cnn": fedavgft_cnn,
     "mlp_mnist": mlp_mnist,
     "lenet5": lenet5,
     "mlp_femnist": mlp_femnist,
