@@ -67,22 +67,28 @@ def save(out_dir: Path, state: dict[str, Any]) -> Path:
     return path
 
 
-def load(resume_dir: Path, cfg: DictConfig) -> dict[str, Any]:
-    """The checkpoint of ``resume_dir`` after checking that it belongs to the same run config;
-    restores the RNG states."""
-    path = checkpoint_dir(resume_dir) / SERVER_FILE
+def read(run_dir: Path, key: str) -> dict[str, Any]:
+    """The server checkpoint of ``run_dir`` as written; errors name ``key`` and the file."""
+    path = checkpoint_dir(run_dir) / SERVER_FILE
     if not path.is_file():
-        raise ConfigError(f"resume={str(resume_dir)!r}: no checkpoint there (expected {path})")
+        raise ConfigError(f"{key}: no checkpoint there (expected {path})")
     try:
         state = torch.load(path, weights_only=False)
     except Exception as err:  # noqa: BLE001 - a truncated or foreign file: name it
-        raise ConfigError(f"resume={str(resume_dir)!r}: {path} cannot be read ({type(err).__name__}: {err}); "
+        raise ConfigError(f"{key}: {path} cannot be read ({type(err).__name__}: {err}); "
                           "it is truncated or not a flrep checkpoint") from None
     if not isinstance(state, dict):
-        raise ConfigError(f"resume={str(resume_dir)!r}: {path} is not a flrep checkpoint")
+        raise ConfigError(f"{key}: {path} is not a flrep checkpoint")
     if state.get("format") != FORMAT:
-        raise ConfigError(f"resume={str(resume_dir)!r}: {path} is a checkpoint of format {state.get('format', 1)}, "
-                          f"this flrep reads format {FORMAT}; resume it with the flrep version that wrote it")
+        raise ConfigError(f"{key}: {path} is a checkpoint of format {state.get('format', 1)}, "
+                          f"this flrep reads format {FORMAT}; use the flrep version that wrote it")
+    return state
+
+
+def load(resume_dir: Path, cfg: DictConfig) -> dict[str, Any]:
+    """The checkpoint of ``resume_dir`` after checking that it belongs to the same run config;
+    restores the RNG states."""
+    state = read(resume_dir, f"resume={str(resume_dir)!r}")
     differing = config_differences(state["config"], cfg)
     if differing:
         raise ConfigError(f"resume={str(resume_dir)!r}: the checkpoint was written with other values of "

@@ -308,6 +308,18 @@ def _cmd_superlink(args: argparse.Namespace) -> int:
     return 1 if left else 0
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    from flower_app.export import export_model
+
+    try:
+        path = export_model(Path(args.run_dir), Path(args.out) if args.out else None)
+    except ConfigError as err:
+        print(f"flrep: configuration error: {err}", file=sys.stderr)
+        return 2
+    print(f"flrep: model written to {path}")
+    return 0
+
+
 def _cmd_list(args: argparse.Namespace) -> int:
     from flower_app.config import experiment_names
     from strategies import ALGORITHMS
@@ -410,6 +422,11 @@ def build_parser() -> argparse.ArgumentParser:
                                            "for this user, with its SuperExec and simulation processes")
     slk.add_argument("--stop", action="store_true", help="stop them (SIGTERM, then SIGKILL after 10 s)")
     slk.set_defaults(func=_cmd_superlink)
+    exp = sub.add_parser("export", help="write a run's model (its global arrays over the initial model) as a "
+                                        "loadable file, for diagnostics")
+    exp.add_argument("run_dir", help="a run's output directory (a comparison's variant folder)")
+    exp.add_argument("--out", help="the file to write (default <run-dir>/model.pt; never overwritten)")
+    exp.set_defaults(func=_cmd_export)
     lst = sub.add_parser("list", help="list experiments and algorithms")
     lst.set_defaults(func=_cmd_list)
     rep = sub.add_parser("reproduce", help="run a paper table's cells over seeds (resumable) and write ours beside "

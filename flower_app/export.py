@@ -1,0 +1,92 @@
+"""A finished (or checkpointed) run's model as one loadable file, for analyses outside the run.
+
+``flrep export <run-dir>`` reads the run's last server checkpoint and writes ``model.pt``: the
+model's name and shapes, and a full ``state_dict`` made of the run's global arrays over the
+run's seeded initial model. What the server never holds stays on the clients and is *not* in
+the file: a FedRep/FedPer client's head, an LG-FedAvg client's local part, a Local-only
+model. Those entries keep the common initial weights (``local_keys`` lists them), which is what
+a new client starts from. A TCT checkpoint after stage 1 holds the linear model on eNTK
+features, not the network; run TCT with ``rounds=<tct.stage1_rounds>`` to export its stage-1
+model.
+
+:func:`load_model` rebuilds the model from the file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+
+from flower_app import checkpoint
+from task.errors import ConfigError
+
+#: The layout of ``model.pt``.
+FORMAT = 1
+MODEL_FILE = "model.pt"
+
+
+def export_model(run_dir: Path, out: Path | None = None) -> Path:
+    """Write ``run_dir``'s model file (default ``<run_dir>/model.pt``, never over an existing
+    file); its path."""
+    from flower_app.config import initial_model
+    from task.data.federated_data import build_federated_data
+
+    run_dir = run_dir.expanduser().resolve()
+    if not (checkpoint.checkpoint_dir(run_dir) / checkpoint.SERVER_FILE).is_file():
+        variants = sorted(p.name for p in run_dir.iterdir()
+                          if (checkpoint.checkpoint_dir(p) / checkpoint.SERVER_FILE).is_file()) if run_dir.is_dir() else []
+        hint = f"; this is a comparison: export one variant, e.g. {run_dir / variants[0]}" if variants else ""
+        raise ConfigError(f"run-dir {str(run_dir)!r}: no server checkpoint ({checkpoint.SERVER_FILE}){hint}")
+    out = (out or run_dir / MODEL_FILE).expanduser().resolve()
+    if out.exists():
+        raise ConfigError(f"--out {str(out)!r} exists: give another path (nothing is overwritten)")
+    state = checkpoint.read(run_dir, f"run-dir {str(run_dir)!r}")
+    cfg = OmegaConf.create(state["config"])
+    bundle = build_federated_data(cfg.data, int(cfg.seed)).bundle
+    model = initial_model(cfg, bundle)
+    full = model.state_dict()
+    arrays = {k: torch.as_tensor(v) for k, v in state["arrays"].items()}
+    foreign = sorted(set(arrays) - set(full))
+    if foreign:
+        raise ConfigError(f"run-dir {str(run_dir)!r}: its global arrays ({', '.join(foreign[:4])}) are not the "
+                          f"weights of {cfg.model.name} (TCT's stage 2?); run with rounds=tct.stage1_rounds to "
+                          "export the stage-1 network")
+    for key, value in arrays.items():
+        if value.shape != full[key].shape:
+            raise ConfigError(f"run-dir {str(run_dir)!r}: array {key} has shape {tuple(value.shape)}, "
+                              f"{cfg.model.name} expects {tuple(full[key].shape)}")
+        full[key] = value.to(full[key].dtype)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({
+        "format": FORMAT,
+        "model": {"name": str(cfg.model.name), "input_shape": [int(d) for d in bundle.input_shape],
+                  "num_classes": int(bundle.num_classes), "output": str(cfg.model.output),
+                  "rep_dim": int(cfg.data.synthetic.k), "head": list(model.default_head if cfg.model.head is None
+                                                                  else cfg.model.head)},
+        "state_dict": full,
+        "global_keys": sorted(arrays),
+        "local_keys": sorted(set(full) - set(arrays)),
+        "run": {"dir": str(run_dir), "experiment": cfg.experiment, "algorithm": cfg.algorithm, "label": cfg.label,
+                "seed": int(cfg.seed), "round": int(state["round"]), "dataset": str(cfg.data.name)},
+    }, out)
+    return out
+
+
+def load_model(path: Path) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """The model of a ``model.pt`` (in eval mode) and the file's other fields."""
+    from task.learning.models import build_model
+
+    try:
+        saved = torch.load(Path(path).expanduser(), weights_only=False)
+    except Exception as err:  # noqa: BLE001 - name the file
+        raise ConfigError(f"{path}: cannot be read as a flrep model file ({type(err).__name__}: {err})") from None
+    if not isinstance(saved, dict) or saved.get("format") != FORMAT:
+        raise ConfigError(f"{path}: not a flrep model file of format {FORMAT} (write one with flrep export)")
+    spec = saved["model"]
+    model = build_model(spec["name"], tuple(spec["input_shape"]), spec["num_classes"], rep_dim=spec["rep_dim"],
+                        output=spec["output"])
+    model.load_state_dict(saved["state_dict"])
+    return model.eval(), saved
