@@ -31,18 +31,26 @@ MODEL_FILE = "model.pt"
 def export_model(run_dir: Path, out: Path | None = None) -> Path:
     """Write ``run_dir``'s model file (default ``<run_dir>/model.pt``, never over an existing
     file); its path."""
+    run_dir = run_dir.expanduser().resolve()
+    out = (out or run_dir / MODEL_FILE).expanduser().resolve()
+    if out.exists():
+        raise ConfigError(f"--out {str(out)!r} exists: give another path (nothing is overwritten)")
+    model, saved = model_from_run(run_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({**saved, "state_dict": model.state_dict()}, out)
+    return out
+
+
+def model_from_run(run_dir: Path) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """The model of ``run_dir``'s last checkpoint and the model file's other fields."""
     from flower_app.config import initial_model
     from task.data.federated_data import build_federated_data
 
-    run_dir = run_dir.expanduser().resolve()
     if not (checkpoint.checkpoint_dir(run_dir) / checkpoint.SERVER_FILE).is_file():
         variants = sorted(p.name for p in run_dir.iterdir()
                           if (checkpoint.checkpoint_dir(p) / checkpoint.SERVER_FILE).is_file()) if run_dir.is_dir() else []
         hint = f"; this is a comparison: export one variant, e.g. {run_dir / variants[0]}" if variants else ""
         raise ConfigError(f"run-dir {str(run_dir)!r}: no server checkpoint ({checkpoint.SERVER_FILE}){hint}")
-    out = (out or run_dir / MODEL_FILE).expanduser().resolve()
-    if out.exists():
-        raise ConfigError(f"--out {str(out)!r} exists: give another path (nothing is overwritten)")
     state = checkpoint.read(run_dir, f"run-dir {str(run_dir)!r}")
     cfg = OmegaConf.create(state["config"])
     bundle = build_federated_data(cfg.data, int(cfg.seed)).bundle
@@ -59,20 +67,19 @@ def export_model(run_dir: Path, out: Path | None = None) -> Path:
             raise ConfigError(f"run-dir {str(run_dir)!r}: array {key} has shape {tuple(value.shape)}, "
                               f"{cfg.model.name} expects {tuple(full[key].shape)}")
         full[key] = value.to(full[key].dtype)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({
+    model.load_state_dict(full)
+    return model, {
         "format": FORMAT,
         "model": {"name": str(cfg.model.name), "input_shape": [int(d) for d in bundle.input_shape],
                   "num_classes": int(bundle.num_classes), "output": str(cfg.model.output),
                   "rep_dim": int(cfg.data.synthetic.k), "head": list(model.default_head if cfg.model.head is None
                                                                   else cfg.model.head)},
-        "state_dict": full,
         "global_keys": sorted(arrays),
         "local_keys": sorted(set(full) - set(arrays)),
         "run": {"dir": str(run_dir), "experiment": cfg.experiment, "algorithm": cfg.algorithm, "label": cfg.label,
                 "seed": int(cfg.seed), "round": int(state["round"]), "dataset": str(cfg.data.name)},
-    }, out)
-    return out
+        "data": OmegaConf.to_container(cfg.data, resolve=True),
+    }
 
 
 def load_model(path: Path) -> tuple[torch.nn.Module, dict[str, Any]]:

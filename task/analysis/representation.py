@@ -102,6 +102,26 @@ def write_cosine(matrix: np.ndarray, class_names: Sequence[str], path_png: str |
 # ---------------------------------------------------------------- CKA (Figure 2)
 
 
+def plot_cosine_grid(matrices: dict[str, np.ndarray], path: str | Path) -> None:
+    """Several models' cosine matrices side by side on one colour scale (-1 to 1), titled with
+    each label and its mean diagonal / off-diagonal."""
+    plt = _pyplot()
+    n = max(len(matrices), 1)
+    fig, axes = plt.subplots(1, n, figsize=(3.2 * n + 0.8, 3.4), squeeze=False)
+    image = None
+    for ax, (label, matrix) in zip(axes[0], matrices.items()):
+        image = ax.imshow(matrix, cmap="RdBu_r", vmin=-1, vmax=1)
+        summary = cosine_summary(matrix)
+        ax.set_title(f"{label}\ndiag {summary['mean_diagonal']:.2f}, off {summary['mean_off_diagonal']:.2f}", fontsize=8)
+        ax.set_xticks([])
+        ax.set_yticks([])
+    if image is not None:
+        fig.colorbar(image, ax=list(axes[0]), shrink=0.8)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
 def _centred(x: Array) -> Tensor:
     x = torch.as_tensor(x).flatten(1).double()
     return x - x.mean(0, keepdim=True)
@@ -272,7 +292,7 @@ def _accuracy(model: nn.Module, x: Tensor, y: Tensor, batch_size: int) -> float:
     return correct / max(int(y.shape[0]), 1)
 
 
-def _fine_tune_once(model: nn.Module, client: Client, epochs: int, samples: int, lr: float, batch_size: int,
+def fine_tune(model: nn.Module, client: Client, epochs: int, samples: int, lr: float, batch_size: int,
                     generator: torch.Generator, train_head_only: bool) -> float:
     """Fine-tune ``model`` in place on ``samples`` fresh draws per epoch; return its test accuracy."""
     x_train, y_train, x_test, y_test = client
@@ -321,7 +341,7 @@ def fine_tune_transfer(build_model: Callable[[], nn.Module], state: dict, client
                     if new_head is not None:
                         new_head(model)
                 generator = torch.Generator().manual_seed(run_seed)
-                values.append(_fine_tune_once(model.to(client[0].device), client, epochs, int(samples), lr,
+                values.append(fine_tune(model.to(client[0].device), client, epochs, int(samples), lr,
                                               batch_size, generator, train_head_only))
         accuracies.append(values)
     return {"samples_per_epoch": [int(s) for s in samples_per_epoch],
