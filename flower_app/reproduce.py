@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from flower_app import checkpoint
+from flower_app import checkpoint, run_dir
 from flower_app.run_dir import write_atomic
 from flower_app.tables import Cell, Table
 from task.errors import ConfigError
@@ -78,6 +78,31 @@ def check(table: Table, scale: str, jobs: list[Job], out: Path) -> None:
             raise ConfigError(f"table {table.name!r}, cell {cell.name!r} ({cell.experiment}): {err}") from None
 
 
+def stale_keys(table: Table, scale: str, job: Job, folder: Path) -> list[str]:
+    """The keys whose values in ``folder``'s run config differ from what the job asks for now
+    (empty when the folder holds no run, or this job's). A key the run's config lacks (added to
+    the app later, with a default that keeps the earlier behaviour) does not count."""
+    import yaml
+
+    from flower_app.config import load_config
+
+    path = folder / "config.yaml"
+    if not path.is_file():
+        return []
+    saved = yaml.safe_load(path.read_text()) or {}
+    wanted = load_config(job.cell.experiment, [*job.cell.overrides_at(table, scale), f"seed={job.seed}", "compare=[]"])
+    return [key for key in checkpoint.config_differences(saved, wanted) if _present(saved, key)]
+
+
+def _present(config: dict, key: str) -> bool:
+    node = config
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
 def load_manifest(out: Path) -> dict | None:
     path = out / MANIFEST
     if not path.is_file():
@@ -106,6 +131,12 @@ def reproduce(table: Table, scale: str, seeds: list[int], only: list[str] | None
     out.mkdir(parents=True, exist_ok=True)
     manifest = load_manifest(out) or {"table": table.name, "scale": scale, "runs": {}}
     here = {"machine": machine(), "commit": commit()}
+    for job in jobs:  # a run made with other settings than the cell's now is kept aside, never counted
+        differing = stale_keys(table, scale, job, run_folder(out, job))
+        if differing:
+            moved = run_dir.move_aside(run_folder(out, job))
+            print(f"[reproduce] {job.key} was run with other values of {', '.join(differing[:6])}: moved to {moved}, "
+                  "to run again", flush=True)
     todo = [j for j in jobs if (read_summary(run_folder(out, j)) or {}).get("status") != "completed"]
     print(f"[reproduce] {table.name} at scale {scale!r}: {len(jobs)} runs, {len(jobs) - len(todo)} already "
           f"completed, {len(todo)} to run (estimated {_minutes(sum(j.cell.minutes.get(scale, 0) for j in todo))})",
@@ -293,14 +324,19 @@ def markdown(table: Table, scale: str, manifest: dict, table_rows: list[dict], c
         within = {True: "yes", False: "**no**", None: "–"}[r["within_tolerance"]]
         wall = "–" if r["wall_s_per_seed"] is None else f"{r['wall_s_per_seed'] / 60:.1f} min"
         diff = "–" if r["difference"] is None else f"{r['difference']:+.2f}"
-        lines.append(f"| {r['label']} | {r['metric']} | {ours} | {r['n']} | {_fmt(r['paper'], percent)} | {diff} |"
+        lines.append(f"| {_cell(r['label'])} | {_cell(r['metric'])} | {ours} | {r['n']} | {_fmt(r['paper'], percent)} | {diff} |"
                      + (f" {within} |" if tol is not None else "") + f" {wall} |")
     if claims:
         lines += ["", "| claim | check | verdict |", "|---|---|---|"]
         for c in claims:
-            lines.append(f"| {c['text']} | `{c['statement']}` | {c['verdict']} ({c['holds_in']}/{c['seeds']} seeds) |")
+            lines.append(f"| {_cell(c['text'])} | `{c['statement']}` | {c['verdict']} ({c['holds_in']}/{c['seeds']} seeds) |")
     lines += ["", "![ours vs the paper](table.png)", ""]
     return "\n".join(lines)
+
+
+def _cell(text: str) -> str:
+    """``text`` safe inside a Markdown table cell (a ``|`` would end the cell)."""
+    return str(text).replace("|", "\\|")
 
 
 def _csv(table_rows: list[dict]) -> str:

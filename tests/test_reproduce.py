@@ -97,6 +97,35 @@ def _fake_run(out: Path, cell: str, seed: int, acc: float | None, status: str = 
                                                      "wall_time_s": 60.0}))
 
 
+def test_a_run_made_with_other_settings_is_moved_aside_and_run_again(tiny, tmp_path, capsys, monkeypatch):
+    import yaml
+    from omegaconf import OmegaConf
+
+    from flower_app import reproduce as rep
+    from flower_app.config import load_config
+
+    table = load_table("tiny")
+    job = Job(table.cells["a"], 0)
+    folder = run_folder(tmp_path, job)
+    _fake_run(tmp_path, "a", 0, 0.5)
+    cfg = OmegaConf.to_container(load_config("quickstart", ["algorithm=fedavg", "rounds=2", "seed=0", "compare=[]"]),
+                                 resolve=True)
+    (folder / "config.yaml").write_text(yaml.safe_dump(cfg))
+    assert rep.stale_keys(table, "cpu", job, folder) == []  # this cell's run
+    del cfg["train"]["aggregation"]  # a key added to the app later does not count
+    (folder / "config.yaml").write_text(yaml.safe_dump(cfg))
+    assert rep.stale_keys(table, "cpu", job, folder) == []
+    cfg["rounds"], cfg["train"]["lr"] = 3, 0.5  # the table's cell changed since
+    (folder / "config.yaml").write_text(yaml.safe_dump(cfg))
+    assert rep.stale_keys(table, "cpu", job, folder) == ["rounds", "train.lr"]
+    ran = []
+    monkeypatch.setattr(rep, "run_child", lambda cmd, log: ran.append(cmd) or 1)
+    assert reproduce(table, "cpu", [0], ["a"], tmp_path) == 1  # the fake child fails
+    assert "a/seed0 was run with other values of rounds, train.lr: moved to" in capsys.readouterr().out
+    kept = next((tmp_path / "runs" / "a").glob("seed0.old-*"))
+    assert json.loads((kept / "summary.json").read_text())["status"] == "completed" and len(ran) == 1
+
+
 def test_the_report_gives_mean_std_paper_difference_and_claims(tiny, tmp_path):
     table = load_table("tiny")
     for seed, acc in enumerate([0.50, 0.52, 0.54]):
@@ -126,6 +155,12 @@ def test_a_dotted_column_key_reads_an_entry_of_a_summary_mapping():
     assert error.value(summary) == 0.125 and acc.value(summary) == 50.0
     assert error.value({"newclient_error": {"5": 0.9}}) is None and error.value({}) is None
     assert tables.Column("f", "flag", "flag", percent=False).value(summary) is None  # a bool is not a number
+
+
+def test_a_pipe_in_a_label_does_not_break_the_markdown_table():
+    from flower_app.reproduce import _cell
+
+    assert _cell("error |Bw - B*w*|^2") == "error \\|Bw - B*w*\\|^2"
 
 
 def test_reproduce_runs_each_cell_and_seed_once_and_resumes(tiny, tmp_path, capsys):
