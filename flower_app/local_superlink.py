@@ -56,16 +56,16 @@ def describe(proc: psutil.Process) -> str:
 
 def stop(processes: list[psutil.Process], grace_s: float = 10.0) -> list[int]:
     """SIGTERM ``processes``, SIGKILL those still alive after ``grace_s``; the PIDs that ended."""
+    gone, alive = _signal(processes, "terminate", grace_s)
+    gone_late, _ = _signal(alive, "kill", grace_s)
+    return sorted(p.pid for p in [*gone, *gone_late])
+
+
+def _signal(processes: list[psutil.Process], method: str, wait_s: float):
+    """Call ``method`` (terminate or kill) on each process; (ended, still alive) after ``wait_s``."""
     for proc in processes:
         try:
-            proc.terminate()
+            getattr(proc, method)()
         except psutil.NoSuchProcess:
             pass
-    gone, alive = psutil.wait_procs(processes, timeout=grace_s)
-    for proc in alive:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
-    gone_late, _ = psutil.wait_procs(alive, timeout=grace_s)
-    return sorted(p.pid for p in [*gone, *gone_late])
+    return psutil.wait_procs(processes, timeout=wait_s)

@@ -264,13 +264,7 @@ def plot_cka_by_layer(results: dict[str, Sequence[float]], layer_names: Sequence
         ax.plot(range(len(layer_names)), values, "o-", ms=4, label=label)
     ax.set_xticks(range(len(layer_names)), layer_names, rotation=45, ha="right")
     ax.set(ylim=(0, 1.05), xlabel="layer", ylabel="CKA", title=title)
-    ax.title.set_fontsize(9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save_lines(plt, fig, ax, path)
 
 
 # ---------------------------------------------------------------- fine-tuning transfer (Figure 5)
@@ -359,6 +353,11 @@ def plot_transfer(curves: dict[str, dict], path: str | Path, title: str) -> None
         ax.errorbar(res["samples_per_epoch"], res["mean"], yerr=res["std"], marker="o", ms=4, capsize=3,
                     label=label)
     ax.set(xlabel="samples per epoch", ylabel="test accuracy", title=title)
+    _save_lines(plt, fig, ax, path)
+
+
+def _save_lines(plt, fig, ax, path: str | Path) -> None:
+    """Finish a line plot (small title, grid, legend) and write it to ``path``."""
     ax.title.set_fontsize(9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
