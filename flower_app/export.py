@@ -59,9 +59,9 @@ def model_from_run(run_dir: Path) -> tuple[torch.nn.Module, dict[str, Any]]:
     arrays = {k: torch.as_tensor(v) for k, v in state["arrays"].items()}
     foreign = sorted(set(arrays) - set(full))
     if foreign:
-        raise ConfigError(f"run-dir {str(run_dir)!r}: its global arrays ({', '.join(foreign[:4])}) are not the "
-                          f"weights of {cfg.model.name} (TCT's stage 2?); run with rounds=tct.stage1_rounds to "
-                          "export the stage-1 network")
+        raise ConfigError(f"run-dir {str(run_dir)!r}: its global arrays ({', '.join(foreign[:4])}) are not "
+                          f"weights of {cfg.model.name}: at its last round the server held other arrays (e.g. a "
+                          "linear model on features); export a run stopped before that stage")
     for key, value in arrays.items():
         if value.shape != full[key].shape:
             raise ConfigError(f"run-dir {str(run_dir)!r}: array {key} has shape {tuple(value.shape)}, "
