@@ -24,6 +24,8 @@ from flower_app.run_dir import write_text_atomic  # noqa: E402
 COLUMNS = (
     ("personalized_accuracy", "personalized acc (final-window mean)"),
     ("personalized_accuracy_worst10", "worst 10% clients"),
+    ("official_local_accuracy", "official-code local acc"),
+    ("local_test_best_over_rounds", "best-round local acc"),
     ("global_accuracy", "global acc"),
     ("new_test_accuracy", "New Test acc"),
     ("finetune_accuracy_after", "+FT acc"),

@@ -1,4 +1,5 @@
-"""The final-window headline: which evaluations it averages, and how that is said."""
+"""Headline numbers: which evaluations the final window averages and how that is said, and the
+comparison table's columns."""
 
 from flower_app.experiment import describe_window
 from task.learning.metrics import final_window_mean, final_window_rounds
@@ -18,3 +19,13 @@ def test_unmeasured_rounds_are_skipped_and_an_empty_window_falls_back_to_the_las
     assert final_window_mean(rounds, [0.5, 0.6, None], last_round=30, window=5) == 0.6
     assert final_window_rounds(rounds, [None, None, None], last_round=30, window=5) == []
     assert describe_window([20]) == "round 20" and describe_window([]) == "no evaluation"
+
+
+def test_the_comparison_table_shows_a_column_only_where_a_variant_reports_it():
+    from flower_app.comparison import comparison_table
+
+    table = comparison_table({"fedavg": {"personalized_accuracy": 0.5, "official_local_accuracy": 0.8},
+                              "fedrep": {"personalized_accuracy": 0.9}})
+    header, _, fedavg, fedrep = table.splitlines()
+    assert "official-code local acc" in header and "best-round local acc" not in header
+    assert fedavg.endswith("| 0.5000 | 0.8000 |") and fedrep.endswith("| 0.9000 | n/a |")
