@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from logging import ERROR, INFO
 from pathlib import Path
 
@@ -48,18 +49,32 @@ def preflight(variants: tuple[DictConfig, ...], force: bool = False) -> Path | N
     return moved
 
 
-def check_simulated_nodes(grid: Grid, num_clients: int) -> None:
-    """In Flower's simulation every SuperNode exists before the ServerApp starts: too few of them
-    is a configuration error at once (not after ``faults.node_wait_s``), before anything is written."""
-    if isinstance(grid, InMemoryGrid) and len(nodes := list(grid.get_node_ids())) < num_clients:
-        raise ConfigError(f"data.num_clients={num_clients}, but the simulation has {len(nodes)} SuperNodes: run "
-                          f"flwr run . --federation-config \"num-supernodes={num_clients}\" (or flrep run, which "
-                          f"starts one per client), or set data.num_clients={len(nodes)}")
+#: Seconds a simulation's SuperNode count must stay unchanged below the run's size to be final.
+SETTLE_S = 5.0
+
+
+def check_simulated_nodes(grid: Grid, num_clients: int, wait_s: float) -> None:
+    """In Flower's simulation all SuperNodes register at once, around the ServerApp's start: a count
+    that settles below the run's size is a configuration error within seconds (not after
+    ``faults.node_wait_s``), before anything is written."""
+    if not isinstance(grid, InMemoryGrid):
+        return
+    start = changed = time.monotonic()
+    seen = -1
+    while (count := len(list(grid.get_node_ids()))) < num_clients:
+        now = time.monotonic()
+        if count != seen:
+            seen, changed = count, now
+        elif (count > 0 and now - changed >= SETTLE_S) or now - start >= wait_s:
+            raise ConfigError(f"data.num_clients={num_clients}, but the simulation has {count} SuperNodes: run "
+                              f"flwr run . --federation-config \"num-supernodes={num_clients}\" (or flrep run, "
+                              f"which starts one per client), or set data.num_clients={count}")
+        time.sleep(0.2)
 
 
 def run_variants(grid: Grid, variants: tuple[DictConfig, ...]) -> dict:
     """Run each variant in turn on the same federation; with several, write the comparison."""
-    check_simulated_nodes(grid, int(variants[0].data.num_clients))
+    check_simulated_nodes(grid, int(variants[0].data.num_clients), float(variants[0].faults.node_wait_s))
     if len(variants) == 1:
         return Experiment(grid, variants[0]).run()  # it makes preflight's checks itself before writing
     preflight(variants)  # every variant's errors stop the run before the first variant writes anything

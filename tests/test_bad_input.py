@@ -279,6 +279,22 @@ class TwoNodeSimulation(InMemoryGrid):
         return [11, 12]
 
 
+class LateSimulation(TwoNodeSimulation):
+    """Flower's simulation grid whose 20 SuperNodes register a second after the ServerApp starts."""
+
+    def __init__(self) -> None:
+        self.ready = time.monotonic() + 1.0
+
+    def get_node_ids(self):
+        return list(range(20)) if time.monotonic() >= self.ready else []
+
+
+def test_supernodes_registering_after_the_serverapp_starts_are_waited_for():
+    from flower_app.server_app import check_simulated_nodes
+
+    check_simulated_nodes(LateSimulation(), 20, wait_s=30)  # no error: the count was not final yet
+
+
 def test_too_few_simulated_supernodes_stop_the_serverapp_at_once_in_one_line_writing_nothing(tmp_path, caplog):
     out = tmp_path / "run"
     context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
