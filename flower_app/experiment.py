@@ -219,7 +219,8 @@ class Experiment:
 
     def should_evaluate(self, t: int) -> bool:
         cfg = self.cfg
-        return (t % int(cfg.eval.every) == 0 or t > int(cfg.rounds) - int(cfg.eval.final_window) or t == 1
+        last = self.strategy.last_round(int(cfg.rounds))
+        return (t % int(cfg.eval.every) == 0 or t > last - int(cfg.eval.final_window) or t == 1
                 or self.strategy.must_evaluate(t))
 
     def adopt_restarted(self, t: int, fed: Federation) -> None:
@@ -284,9 +285,11 @@ class Experiment:
                 self.log_record(eval_record, track="eval")
                 if any(p.ends_main_phase(eval_record, self.services) for p in self.protocols):
                     self.last_main_round, self.main_done = t, True
-            bar.advance(self.round_line(t, rounds, train_record, eval_record,
+            last = self.strategy.last_round(rounds)
+            bar.advance(self.round_line(t, last, train_record, eval_record,
                                         (time.monotonic() - loop_start) / (t - first_round + 1)))
-            self.main_done = self.main_done or t == rounds
+            if not self.main_done and t >= last:
+                self.last_main_round, self.main_done = t, True
             with self.timer.phase("round: checkpoint"):
                 self.save_checkpoint(t, fed)
             if self.main_done:
@@ -361,12 +364,13 @@ class Experiment:
         }
         summary.update(self.traffic.as_dict())
         summary["params_by_phase"] = dict(self.traffic.by_phase)
-        if not self.strategy.has_global_model(int(cfg.rounds)):
+        if not self.strategy.has_global_model(self.last_main_round):
             summary["global_accuracy"] = summary["global_accuracy_last"] = None
         for protocol in self.protocols:
             summary.update(protocol.summary(records, self.services))
         summary.update(self.strategy.summary_extra(records))
-        reason = self.failure_reason(trains) or self.no_final_metric(summary, final("global_loss"))
+        reason = (self.failure_reason(trains) or self.strategy.run_failure()
+                  or self.no_final_metric(summary, final("global_loss")))
         if reason is not None:
             summary.update(status="failed", failure_reason=reason)
         return summary

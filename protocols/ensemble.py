@@ -70,7 +70,7 @@ class NewTest(PaperProtocol):
         return bool(services.cfg.new_test.enabled) and "query.localpart" in ALGORITHMS[services.cfg.algorithm].handlers
 
     def after_training(self, services: Services) -> dict:
-        t = int(services.cfg.rounds)
+        t = services.last_main_round
         messages = services.strategy.local_part_messages(t, services)
         if messages is None:
             return {"round": t, "phase": "newtest",

@@ -55,7 +55,7 @@ class Fairness(PaperProtocol):
         return True
 
     def evaluate_config(self, server_round: int, services: Services) -> dict:
-        return {"postfit": server_round == int(services.cfg.rounds)}
+        return {"postfit": server_round == services.strategy.last_round(int(services.cfg.rounds))}
 
     def on_evaluate(self, server_round: int, record: dict, replies: list[Message], services: Services) -> None:
         for key in FAIR_METRICS:

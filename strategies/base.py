@@ -118,6 +118,17 @@ class ServerHooks:
         """Whether the server's arrays form a whole model to score on the global test set at this round."""
         return True
 
+    def last_round(self, rounds: int) -> int:
+        """The round the training ends with, as planned now: ``rounds``, or earlier where the
+        algorithm's own schedule ends sooner (e.g. a fixed number of rounds after a phase that
+        starts at a goal accuracy). Asked again after every round."""
+        return rounds
+
+    def run_failure(self) -> str | None:
+        """After training: why the run is not a run of this algorithm (e.g. it never entered its
+        defining phase), which fails it with this reason; None for a sound run."""
+        return None
+
     def must_evaluate(self, server_round: int) -> bool:
         """Evaluate this round whatever ``eval.every`` says."""
         return False

@@ -7,7 +7,9 @@ groups are global, 2,872 of LeNet-5's 64,102) or a list of group names.
 
 As in the paper, training starts with FedAvg on the whole model (``lg.fedavg_rounds``
 rounds, or until the global model first reaches ``lg.goal_accuracy`` on the global test
-set at an evaluated round); from then on:
+set at an evaluated round); then ``lg.lg_rounds`` LG rounds follow (the paper's "LG Rounds"
+column; unset: LG until ``rounds``, which is always the cap). A run that never leaves the
+warm start, or whose cap cuts its LG rounds short, is a failed run. From the switch on:
 
 Server: FedAvg (weights: ``train.aggregation``) of the global part only. The server keeps the whole
 model; a client that has no local part yet receives the warm-start model's local part once
@@ -81,12 +83,14 @@ class LGFedAvg(ServerHooks, WeightedAverage):
     checkpointed = ("switch_round",)
     node_keyed = ("initialised",)
 
-    def __init__(self, cfg: DictConfig, fedavg_rounds: int | None, goal_accuracy: float | None) -> None:
+    def __init__(self, cfg: DictConfig, fedavg_rounds: int | None, goal_accuracy: float | None,
+                 lg_rounds: int | None) -> None:
         super().__init__(**TAKE_ALL_NODES)
         self.average_as(cfg)
         self.cfg = cfg
         self.fedavg_rounds = fedavg_rounds
         self.goal_accuracy = goal_accuracy
+        self.lg_rounds = lg_rounds
         self.switch_round: int | None = None  # first LG round
         self.initialised: set[int] = set()  # nodes that hold a local part
         self.global_part: set[str] = set()  # state keys of the global part (known from the model at start)
@@ -100,6 +104,27 @@ class LGFedAvg(ServerHooks, WeightedAverage):
         if self.switch_round is None and self.fedavg_rounds is not None and server_round > self.fedavg_rounds:
             self.switch_round = self.fedavg_rounds + 1
         return self.switch_round is not None and server_round >= self.switch_round
+
+    def last_round(self, rounds: int) -> int:
+        """``lg.lg_rounds`` LG rounds after the switch (never past the cap ``rounds``)."""
+        if self.lg_rounds is None or self.switch_round is None:
+            return rounds
+        return min(rounds, self.switch_round + self.lg_rounds - 1)
+
+    def run_failure(self) -> str | None:
+        """A run that never trained LG-FedAvg, or fewer LG rounds than ``lg.lg_rounds``, is not
+        a run of LG-FedAvg."""
+        rounds = int(self.cfg.rounds)
+        if self.switch_round is None or self.switch_round > rounds:
+            end = (f"lg.goal_accuracy={self.goal_accuracy:g} was not reached at an evaluated round"
+                   if self.goal_accuracy is not None else f"lg.fedavg_rounds={self.fedavg_rounds} fills them")
+            return (f"LG-FedAvg never left its FedAvg warm start in rounds={rounds} ({end}): no LG round was "
+                    "trained; raise rounds (the cap)")
+        done = rounds - self.switch_round + 1
+        if self.lg_rounds is not None and done < self.lg_rounds:
+            return (f"the FedAvg warm start ended at round {self.switch_round - 1}, which left {done} of "
+                    f"lg.lg_rounds={self.lg_rounds} LG rounds in rounds={rounds}; raise rounds (the cap)")
+        return None
 
     def has_global_model(self, server_round: int) -> bool:
         """The whole server model is a global model only during the FedAvg warm start."""
@@ -162,6 +187,7 @@ class LGFedAvg(ServerHooks, WeightedAverage):
         out: dict = {"lg_switch_round": self.switch_round}
         if self.switch_round is not None:
             start = self.switch_round - 1
+            out["lg_rounds_trained"] = sum(r["phase"] == "train" and r["round"] >= self.switch_round for r in records)
             evals = [r for r in records if r["phase"] == "eval" and r["round"] >= start]
             out.update(local_test_best_from_round=start, **best_over_rounds(evals))
         return out
@@ -187,7 +213,7 @@ def best_over_rounds(evals: list[dict]) -> dict:
 
 def make_strategy(cfg: DictConfig) -> Strategy:
     """The LG-FedAvg server half."""
-    return LGFedAvg(cfg, cfg.lg.fedavg_rounds, cfg.lg.goal_accuracy)
+    return LGFedAvg(cfg, cfg.lg.fedavg_rounds, cfg.lg.goal_accuracy, cfg.lg.lg_rounds)
 
 
 def _adopt_local_part(rt: ClientRuntime, content: RecordDict) -> bool:
@@ -259,6 +285,7 @@ class LGConfig:
     global_part: Any = MISSING  # paper | official_cifar | a list of layer groups
     fedavg_rounds: Optional[int] = nonnegative()  # FedAvg warm-start rounds ...
     goal_accuracy: Optional[float] = positive()  # ... or until this global accuracy
+    lg_rounds: Optional[int] = positive()  # LG rounds after the warm start (null: LG until `rounds`)
 
 
 def check(cfg: DictConfig) -> None:

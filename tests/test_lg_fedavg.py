@@ -78,6 +78,27 @@ def test_goal_accuracy_switches_after_the_first_round_that_reaches_it(tmp_path):
     assert summary["lg_switch_round"] == 2
 
 
+def test_lg_rounds_follow_the_goal_and_end_the_run(tmp_path):
+    grid, summary = run_lg(tmp_path, "lg.fedavg_rounds=null lg.goal_accuracy=0.05 lg.lg_rounds=2 rounds=20 "
+                                     "eval.every=1 eval.final_window=2")
+    assert summary["status"] == "completed"
+    assert summary["lg_switch_round"] == 2 and summary["lg_rounds_trained"] == 2
+    train_rounds = {int(m.content["config"]["server-round"]) for m in grid.sent if m.metadata.message_type == "train"}
+    assert train_rounds == {1, 2, 3}  # warm start round 1, LG rounds 2 and 3; the cap of 20 is never reached
+    assert summary["final_window_rounds"] == [2, 3] and summary["new_test_accuracy"] is not None
+
+
+def test_a_run_that_never_leaves_the_warm_start_fails(tmp_path):
+    _, summary = run_lg(tmp_path, "lg.fedavg_rounds=null lg.goal_accuracy=0.999 rounds=3")
+    assert summary["status"] == "failed" and summary["lg_switch_round"] is None
+    assert "never left its FedAvg warm start in rounds=3" in summary["failure_reason"]
+
+
+def test_a_cap_that_cuts_the_lg_rounds_short_fails(tmp_path):
+    _, summary = run_lg(tmp_path, "lg.fedavg_rounds=4 lg.lg_rounds=5 rounds=6")
+    assert summary["status"] == "failed" and "left 2 of lg.lg_rounds=5 LG rounds" in summary["failure_reason"]
+
+
 def test_large_local_parts_live_on_the_node_disk(tmp_path):
     cfg = load_config("quickstart", ["algorithm=lg_fedavg", "lg.fedavg_rounds=1", f"client_state.dir={tmp_path}",
                                      "client_state.disk_above_bytes=100"])
