@@ -4,8 +4,9 @@
 model's name and shapes, and a full ``state_dict`` made of the run's global arrays over the
 run's seeded initial model. What the server never holds stays on the clients and is *not* in
 the file: a FedRep/FedPer client's head, an LG-FedAvg client's local part, a Local-only
-model. Those entries keep the common initial weights (``local_keys`` lists them), which is what
-a new client starts from. A TCT checkpoint after stage 1 holds the linear model on eNTK
+model. Those entries (``local_keys`` lists them) keep what a new client starts from: the
+common initial weights, or for LG-FedAvg the warm-start model's local part that its server
+keeps and hands to clients without one. A TCT checkpoint after stage 1 holds the linear model on eNTK
 features, not the network; run TCT with ``rounds=<tct.stage1_rounds>`` to export its stage-1
 model.
 
@@ -68,14 +69,18 @@ def model_from_run(run_dir: Path) -> tuple[torch.nn.Module, dict[str, Any]]:
                               f"{cfg.model.name} expects {tuple(full[key].shape)}")
         full[key] = value.to(full[key].dtype)
     model.load_state_dict(full)
+    from strategies import ALGORITHMS
+
+    trained = ALGORITHMS[cfg.algorithm].trained_global_keys
+    global_keys = sorted(set(arrays) & set(trained(model, cfg))) if trained is not None else sorted(arrays)
     return model, {
         "format": FORMAT,
         "model": {"name": str(cfg.model.name), "input_shape": [int(d) for d in bundle.input_shape],
                   "num_classes": int(bundle.num_classes), "output": str(cfg.model.output),
                   "rep_dim": int(cfg.data.synthetic.k), "head": list(model.default_head if cfg.model.head is None
                                                                   else cfg.model.head)},
-        "global_keys": sorted(arrays),
-        "local_keys": sorted(set(full) - set(arrays)),
+        "global_keys": global_keys,
+        "local_keys": sorted(set(full) - set(global_keys)),
         "run": {"dir": str(run_dir), "experiment": cfg.experiment, "algorithm": cfg.algorithm, "label": cfg.label,
                 "seed": int(cfg.seed), "round": int(state["round"]), "dataset": str(cfg.data.name)},
         "data": OmegaConf.to_container(cfg.data, resolve=True),

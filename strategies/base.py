@@ -221,6 +221,10 @@ class Algorithm:
     - ``handlers``: the client half, by message type (``train`` is required).
     - ``shared_keys``: the model state keys the server holds and sends; None for algorithms
       without shared arrays (Local-only).
+    - ``trained_global_keys``: of those, the ones that hold the federation's trained global
+      weights at the end of a run, where that is fewer (LG-FedAvg's server also keeps the
+      warm-start local part); None: all of ``shared_keys``. ``flrep export`` lists the rest
+      as local.
     - ``config``: the structured config (a dataclass) of the algorithm's own section, or None.
     - ``section``: the config key of that section (default: the algorithm's name).
     - ``check``: cross-key rules on the merged config (raise ConfigError naming the key).
@@ -238,6 +242,7 @@ class Algorithm:
     make_strategy: Callable[[DictConfig], Strategy]
     handlers: Mapping[str, ClientFn]
     shared_keys: KeysFn | None
+    trained_global_keys: KeysFn | None = None
     config: type | None = None
     section: str | None = None
     check: Callable[[DictConfig], None] | None = None

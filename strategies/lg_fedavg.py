@@ -309,6 +309,7 @@ ALGORITHM = register(Algorithm(
     make_strategy=make_strategy,
     handlers={"train": train_lg, "evaluate": evaluate_lg, "query.localpart": send_local_part},
     shared_keys=all_keys,
+    trained_global_keys=global_keys,
     config=LGConfig,
     section="lg",
     check=check,

@@ -55,6 +55,23 @@ def test_a_fedrep_file_has_the_learned_body_and_only_the_initial_head(tmp_path):
         assert torch.equal(state[key], initial[key])  # no client's head left its client
 
 
+def test_an_lg_file_lists_the_warm_start_local_part_as_local(tmp_path):
+    out = tmp_path / "lg"
+    overrides = (f"{RUN} algorithm=lg_fedavg lg.global_part=[fc2] lg.fedavg_rounds=1 out_dir={out}").split()
+    run_variants(LocalGrid(20, {"experiment": "quickstart", "overrides": " ".join(overrides)}),
+                 load_variants("quickstart", overrides))
+    model, saved = export_model_and_load(out)
+    assert saved["global_keys"] == ["fc2.bias", "fc2.weight"]
+    assert saved["local_keys"] == sorted(k for k in model.state_dict() if not k.startswith("fc2."))
+    arrays = read(out, "test")["arrays"]  # the server keeps the whole model: the local part is the warm start's
+    assert all(np.array_equal(model.state_dict()[k].numpy(), arrays[k]) for k in saved["local_keys"])
+
+
+def export_model_and_load(run_dir):
+    assert flrep(["export", str(run_dir)]) == 0
+    return load_model(run_dir / "model.pt")
+
+
 def test_export_refuses_a_folder_without_checkpoint_and_never_overwrites(tmp_path, capsys):
     assert flrep(["export", str(tmp_path)]) == 2 and "no server checkpoint" in capsys.readouterr().err
     out, _ = _run(tmp_path, "fedavg")
