@@ -370,7 +370,7 @@ class Experiment:
             summary.update(protocol.summary(records, self.services))
         summary.update(self.strategy.summary_extra(records))
         reason = (self.failure_reason(trains) or self.strategy.run_failure()
-                  or self.no_final_metric(summary, final("global_loss")))
+                  or self.no_final_metric(summary, final("global_loss")) or self.no_better_than_chance(summary))
         if reason is not None:
             summary.update(status="failed", failure_reason=reason)
         return summary
@@ -382,6 +382,27 @@ class Experiment:
             return None
         return (f"no evaluation of the final {int(self.cfg.eval.final_window)} rounds produced a metric: every "
                 "client's evaluation failed or was rejected (see the failures in metrics.jsonl)")
+
+    def no_better_than_chance(self, summary: dict) -> str | None:
+        """Why a classification run learned nothing: its final accuracy (global, else
+        personalized) is no better than always predicting the most frequent class of the test
+        labels it was scored on; None otherwise (and where the server holds no labels)."""
+        data = self.data
+        if data.bundle.task == "regression" or (self.fed is not None and self.fed.own_data):
+            return None
+        key = next((k for k in ("global_accuracy", "personalized_accuracy") if summary.get(k) is not None), None)
+        if key is None:
+            return None
+        idx = data.global_test if key == "global_accuracy" else np.concatenate(
+            [data.client_test[p] for p in self.trainable])
+        labels = np.asarray(data.bundle.test.y)[idx].astype(np.int64)
+        if labels.size == 0:
+            return None
+        majority = float(np.bincount(labels).max() / labels.size)
+        if summary[key] > majority:
+            return None
+        return (f"its final {key.replace('_', ' ')} {summary[key]:.4f} is no better than always predicting the most "
+                f"frequent class of its test labels ({majority:.4f}): the run learned nothing")
 
     def failure_reason(self, trains: list[dict]) -> str | None:
         """Why the run learned nothing worth reporting: too many of its training rounds were

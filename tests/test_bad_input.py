@@ -8,9 +8,10 @@ import shutil
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
-from flwr.app import Context, RecordDict
+from flwr.app import Array, Context, RecordDict
 from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
 from flower_app.cli import _outcome, _summary_stamp
@@ -173,6 +174,21 @@ def test_a_run_whose_rounds_were_all_skipped_ends_failed(tmp_path):
     summary = Experiment(grid, load_config("quickstart", overrides.split())).run()
     assert summary["status"] == "failed" and "2 of 2 training rounds were skipped" in summary["failure_reason"]
     assert _outcome(tmp_path, None) == 1
+
+
+def test_a_run_no_better_than_a_constant_prediction_ends_failed(tmp_path):
+    overrides = " ".join([*TINY, "algorithm=fedavg", "rounds=2", f"out_dir={tmp_path}"])
+    def zero_weights(content):  # the averaged model becomes all zeros: it predicts class 0 for every image
+        arrays = content["arrays"]
+        for key in list(arrays):
+            arrays[key] = Array(np.zeros_like(arrays[key].numpy()))
+
+    grid = LocalGrid(4, {"experiment": "quickstart", "overrides": overrides},
+                     corrupt={p: zero_weights for p in range(4)})
+    summary = Experiment(grid, load_config("quickstart", overrides.split())).run()
+    assert summary["status"] == "failed" and "no better than always predicting the most frequent class" in \
+        summary["failure_reason"]
+    assert summary["global_accuracy"] <= 0.11 and _outcome(tmp_path, None) == 1
 
 
 def test_a_stale_summary_is_not_taken_for_the_outcome(finished):

@@ -20,7 +20,7 @@ from strategies.common import ARRAYS, NUM_EXAMPLES, ClientRuntime, reply, round_
 from task.errors import ConfigError
 from tests.local_grid import LocalGrid
 
-MAX_NORM = 0.05
+MAX_NORM = 0.5
 OVERRIDES = "wandb.enabled=false compare=[] data.num_clients=4 train.fraction=0.5 rounds=3 eval.final_window=1"
 
 
