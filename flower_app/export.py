@@ -45,6 +45,7 @@ def export_model(run_dir: Path, out: Path | None = None) -> Path:
 def model_from_run(run_dir: Path) -> tuple[torch.nn.Module, dict[str, Any]]:
     """The model of ``run_dir``'s last checkpoint and the model file's other fields."""
     from flower_app.config import initial_model
+    from strategies import ALGORITHMS
     from task.data.federated_data import build_federated_data
 
     if not (checkpoint.checkpoint_dir(run_dir) / checkpoint.SERVER_FILE).is_file():
@@ -69,8 +70,6 @@ def model_from_run(run_dir: Path) -> tuple[torch.nn.Module, dict[str, Any]]:
                               f"{cfg.model.name} expects {tuple(full[key].shape)}")
         full[key] = value.to(full[key].dtype)
     model.load_state_dict(full)
-    from strategies import ALGORITHMS
-
     trained = ALGORITHMS[cfg.algorithm].trained_global_keys
     global_keys = sorted(set(arrays) & set(trained(model, cfg))) if trained is not None else sorted(arrays)
     return model, {
