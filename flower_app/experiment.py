@@ -91,6 +91,7 @@ class Experiment:
         self.trainable = [p for p in range(self.data.num_clients) if p not in held_out]
         self.last_main_round = int(cfg.rounds)
         self.main_done = False  # the main training rounds are over (a protocol may end them early)
+        self.last_round_run = 0  # the last training round sent out (main phase or a protocol's)
         self.num_sampled = clients_per_round(cfg)
         self.traffic = Traffic()
         self.out_dir = output_dir(cfg)
@@ -125,6 +126,7 @@ class Experiment:
         self.traffic = Traffic(**saved["traffic"])
         self.last_main_round, self.next_round = saved["last_main_round"], saved["round"] + 1
         self.main_done = saved["main_done"]
+        self.last_round_run = saved["round"]
         self.elapsed_before = float(saved["elapsed_s"])
         log(INFO, "[flrep] resuming %s after round %d", self.out_dir, saved["round"])
 
@@ -148,6 +150,7 @@ class Experiment:
 
     # -- phases ---------------------------------------------------------------------------
     def train_round(self, t: int, fed: Federation, pids: list[int] | None = None) -> dict:
+        self.last_round_run = t
         if pids is None:
             pids = sample_clients(self.trainable, self.num_sampled, int(self.cfg.seed), t)
         config = ConfigRecord({"variant": self.cfg.label})
@@ -369,7 +372,7 @@ class Experiment:
         for protocol in self.protocols:
             summary.update(protocol.summary(records, self.services))
         summary.update(self.strategy.summary_extra(records))
-        reason = (self.failure_reason(trains) or self.strategy.run_failure()
+        reason = (self.failure_reason(trains) or self.strategy.run_failure(self.last_round_run)
                   or self.no_final_metric(summary, final("global_loss")) or self.no_better_than_chance(summary))
         if reason is not None:
             summary.update(status="failed", failure_reason=reason)

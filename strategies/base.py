@@ -124,9 +124,10 @@ class ServerHooks:
         starts at a goal accuracy). Asked again after every round."""
         return rounds
 
-    def run_failure(self) -> str | None:
-        """After training: why the run is not a run of this algorithm (e.g. it never entered its
-        defining phase), which fails it with this reason; None for a sound run."""
+    def run_failure(self, last_round: int) -> str | None:
+        """After training that ended at ``last_round`` (the last round run, a protocol's rounds
+        after the main phase included): why the run is not a run of this algorithm (e.g. it never
+        entered its defining phase), which fails it with this reason; None for a sound run."""
         return None
 
     def must_evaluate(self, server_round: int) -> bool:

@@ -111,19 +111,21 @@ class LGFedAvg(ServerHooks, WeightedAverage):
             return rounds
         return min(rounds, self.switch_round + self.lg_rounds - 1)
 
-    def run_failure(self) -> str | None:
+    def run_failure(self, last_round: int) -> str | None:
         """A run that never trained LG-FedAvg, or fewer LG rounds than ``lg.lg_rounds``, is not
-        a run of LG-FedAvg."""
+        a run of LG-FedAvg (whether the cap or a protocol, e.g. the online device's
+        ``online.start_accuracy``, ended its rounds)."""
         rounds = int(self.cfg.rounds)
-        if self.switch_round is None or self.switch_round > rounds:
+        if self.switch_round is None or self.switch_round > last_round:
             end = (f"lg.goal_accuracy={self.goal_accuracy:g} was not reached at an evaluated round"
                    if self.goal_accuracy is not None else f"lg.fedavg_rounds={self.fedavg_rounds} fills them")
-            return (f"LG-FedAvg never left its FedAvg warm start in rounds={rounds} ({end}): no LG round was "
-                    "trained; raise rounds (the cap)")
-        done = rounds - self.switch_round + 1
+            return (f"LG-FedAvg never left its FedAvg warm start in the {last_round} rounds run ({end}; the cap "
+                    f"is rounds={rounds}): no LG round was trained")
+        done = last_round - self.switch_round + 1
         if self.lg_rounds is not None and done < self.lg_rounds:
             return (f"the FedAvg warm start ended at round {self.switch_round - 1}, which left {done} of "
-                    f"lg.lg_rounds={self.lg_rounds} LG rounds in rounds={rounds}; raise rounds (the cap)")
+                    f"lg.lg_rounds={self.lg_rounds} LG rounds before the run ended at round {last_round} "
+                    f"(the cap is rounds={rounds})")
         return None
 
     def has_global_model(self, server_round: int) -> bool:
@@ -187,7 +189,9 @@ class LGFedAvg(ServerHooks, WeightedAverage):
         out: dict = {"lg_switch_round": self.switch_round}
         if self.switch_round is not None:
             start = self.switch_round - 1
-            out["lg_rounds_trained"] = sum(r["phase"] == "train" and r["round"] >= self.switch_round for r in records)
+            # training records of the main phase ("train") and of a protocol's rounds after it (e.g. "online-train")
+            out["lg_rounds_trained"] = sum(r["phase"].endswith("train") and r["round"] >= self.switch_round
+                                           for r in records)
             evals = [r for r in records if r["phase"] == "eval" and r["round"] >= start]
             out.update(local_test_best_from_round=start, **best_over_rounds(evals))
         return out

@@ -91,12 +91,29 @@ def test_lg_rounds_follow_the_goal_and_end_the_run(tmp_path):
 def test_a_run_that_never_leaves_the_warm_start_fails(tmp_path):
     _, summary = run_lg(tmp_path, "lg.fedavg_rounds=null lg.goal_accuracy=0.999 rounds=3")
     assert summary["status"] == "failed" and summary["lg_switch_round"] is None
-    assert "never left its FedAvg warm start in rounds=3" in summary["failure_reason"]
+    assert "never left its FedAvg warm start in the 3 rounds run" in summary["failure_reason"]
 
 
 def test_a_cap_that_cuts_the_lg_rounds_short_fails(tmp_path):
     _, summary = run_lg(tmp_path, "lg.fedavg_rounds=4 lg.lg_rounds=5 rounds=6")
     assert summary["status"] == "failed" and "left 2 of lg.lg_rounds=5 LG rounds" in summary["failure_reason"]
+
+
+def online_lg(tmp_path, extra: str):
+    overrides = (f"wandb.enabled=false out_dir={tmp_path} algorithm=lg_fedavg compare=[] lg.global_part=[fc2] "
+                 "rounds=40 data.num_clients=21 data.online_device.enabled=true data.online_device.train_size=200 "
+                 "data.online_device.test_size=50 online.rounds=3 online.fraction=0.1 online.start_accuracy=0.5 "
+                 f"eval.every=5 eval.final_window=1 {extra}")
+    grid = LocalGrid(21, {"experiment": "quickstart", "overrides": overrides})
+    return grid, run_variants(grid, load_variants("quickstart", overrides))
+
+
+def test_an_online_phase_that_starts_before_the_switch_fails(tmp_path):
+    _, summary = online_lg(tmp_path, "lg.goal_accuracy=0.999")  # the main phase ends long before this goal
+    start = summary["online_start_round"]
+    assert start < 40 and summary["lg_switch_round"] is None
+    assert summary["status"] == "failed"
+    assert f"never left its FedAvg warm start in the {start + 3} rounds run" in summary["failure_reason"]
 
 
 def test_large_local_parts_live_on_the_node_disk(tmp_path):
@@ -217,14 +234,10 @@ def test_reply_order_does_not_change_the_run(tmp_path):
 
 
 def test_online_device_joins_after_the_goal_with_rotated_data(tmp_path):
-    overrides = (f"wandb.enabled=false out_dir={tmp_path} algorithm=lg_fedavg compare=[] lg.global_part=[fc2] "
-                 "lg.goal_accuracy=0.5 rounds=40 data.num_clients=21 data.online_device.enabled=true "
-                 "data.online_device.train_size=200 data.online_device.test_size=50 online.rounds=3 "
-                 "online.fraction=0.1 online.start_accuracy=0.5 eval.every=5 eval.final_window=1")
-    grid = LocalGrid(21, {"experiment": "quickstart", "overrides": overrides})
-    summary = run_variants(grid, load_variants("quickstart", overrides))
+    grid, summary = online_lg(tmp_path, "lg.goal_accuracy=0.5")
     start = summary["online_start_round"]
     assert summary["lg_switch_round"] == start + 1 and start < 40
+    assert summary["status"] == "completed" and summary["lg_rounds_trained"] == 3  # the online rounds
     trained = {}
     for msg in grid.sent:
         if msg.metadata.message_type == "train":
