@@ -43,6 +43,11 @@ def open_model(path: Path) -> tuple[torch.nn.Module, dict]:
     raise ConfigError(f"{path}: neither a run directory nor a model file")
 
 
+def open_models(paths: Sequence[Path]) -> list[tuple[Path, torch.nn.Module, dict]]:
+    """Every model of ``paths`` (path, model, description), all opened before anything is written."""
+    return [(path, *open_model(path)) for path in paths]
+
+
 def _name(saved: dict) -> str:
     run = saved["run"]
     return f"{run['label']} ({Path(run['dir']).name})"
@@ -77,10 +82,10 @@ def new_clients(experiment: str, overrides: Sequence[str], count: int) -> list[r
 
 def cosine(paths: Sequence[Path], out: Path) -> dict:
     """Figure 4 for every model: ``cosine_<i>.png/csv`` each, ``cosine.png`` all, ``cosine.json``."""
+    models = open_models(paths)
     out.mkdir(parents=True, exist_ok=True)
     results, matrices = {}, {}
-    for i, path in enumerate(paths):
-        model, saved = open_model(path)
+    for i, (path, model, saved) in enumerate(models):
         x, y, names = test_split(saved)
         head = saved["model"]["head"]
         with torch.no_grad():
@@ -97,10 +102,10 @@ def cosine(paths: Sequence[Path], out: Path) -> dict:
 def cka(paths: Sequence[Path], clients: list[rep.Client], epochs: int, samples: int, lr: float, batch_size: int,
         seed: int, out: Path) -> dict:
     """Figure 2 for every model: CKA per layer group between the model and its fine-tuned copies."""
+    models = open_models(paths)
     out.mkdir(parents=True, exist_ok=True)
     results, layers = {}, None
-    for path in paths:
-        model, saved = open_model(path)
+    for path, model, saved in models:
         layers = list(model.group_names)
         per_client = []
         for index, client in enumerate(clients):
@@ -121,14 +126,15 @@ def cka(paths: Sequence[Path], clients: list[rep.Client], epochs: int, samples: 
 def transfer(paths: Sequence[Path], clients: list[rep.Client], epochs: int, samples: Sequence[int], trials: int,
              lr: float, batch_size: int, seed: int, out: Path) -> dict:
     """Figure 5 for every model: new clients' accuracy after fine-tuning against samples per epoch."""
-    out.mkdir(parents=True, exist_ok=True)
+    models = open_models(paths)
     classes = int(max(int(c[1].max()) for c in clients) + 1)
-    results = {}
-    for path in paths:
-        model, saved = open_model(path)
+    for path, _, saved in models:
         if classes > saved["model"]["num_classes"]:
             raise ConfigError(f"the new clients have labels up to {classes - 1}; {path} outputs "
                               f"{saved['model']['num_classes']} classes")
+    out.mkdir(parents=True, exist_ok=True)
+    results = {}
+    for path, model, saved in models:
         curve = rep.fine_tune_transfer(functools.partial(_copy, model, saved), model.state_dict(), clients, epochs,
                                        list(samples), trials, lr, batch_size, seed)
         results[_name(saved)] = {"model": str(path), **curve}

@@ -4,7 +4,8 @@
 model's name and shapes, and a full ``state_dict`` made of the run's global arrays over the
 run's seeded initial model. What the server never holds stays on the clients and is *not* in
 the file: a FedRep/FedPer client's head, an LG-FedAvg client's local part, a Local-only
-model. Those entries (``local_keys`` lists them) keep what a new client starts from: the
+model. A failed run (its ``summary.json`` says so) is refused: its model is not a result.
+Those entries (``local_keys`` lists them) keep what a new client starts from: the
 common initial weights, or for LG-FedAvg the warm-start model's local part that its server
 keeps and hands to clients without one. A TCT checkpoint after stage 1 holds the linear model on eNTK
 features, not the network; run TCT with ``rounds=<tct.stage1_rounds>`` to export its stage-1
@@ -15,6 +16,7 @@ model.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +55,7 @@ def model_from_run(run_dir: Path) -> tuple[torch.nn.Module, dict[str, Any]]:
                           if (checkpoint.checkpoint_dir(p) / checkpoint.SERVER_FILE).is_file()) if run_dir.is_dir() else []
         hint = f"; this is a comparison: export one variant, e.g. {run_dir / variants[0]}" if variants else ""
         raise ConfigError(f"run-dir {str(run_dir)!r}: no server checkpoint ({checkpoint.SERVER_FILE}){hint}")
+    refuse_failed(run_dir)
     state = checkpoint.read(run_dir, f"run-dir {str(run_dir)!r}")
     cfg = OmegaConf.create(state["config"])
     bundle = build_federated_data(cfg.data, int(cfg.seed)).bundle
@@ -84,6 +87,18 @@ def model_from_run(run_dir: Path) -> tuple[torch.nn.Module, dict[str, Any]]:
                 "seed": int(cfg.seed), "round": int(state["round"]), "dataset": str(cfg.data.name)},
         "data": OmegaConf.to_container(cfg.data, resolve=True),
     }
+
+
+def refuse_failed(run_dir: Path) -> None:
+    """Raise :class:`ConfigError` when ``run_dir``'s ``summary.json`` records a failed run (e.g. one
+    that diverged or learned nothing): its weights would make every analysis of them a lie."""
+    summary_file = run_dir / "summary.json"
+    if not summary_file.is_file():
+        return  # a run still going (or stopped) exports its last checkpoint
+    summary = json.loads(summary_file.read_text())
+    if summary.get("status") == "failed":
+        raise ConfigError(f"run-dir {str(run_dir)!r}: the run failed ({summary.get('failure_reason', 'no reason given')}"
+                          "); its model is not a result to export or diagnose")
 
 
 def load_model(path: Path) -> tuple[torch.nn.Module, dict[str, Any]]:

@@ -78,3 +78,16 @@ def test_export_refuses_a_folder_without_checkpoint_and_never_overwrites(tmp_pat
     (out / "model.pt").write_text("mine")
     assert flrep(["export", str(out)]) == 2 and "exists" in capsys.readouterr().err
     assert (out / "model.pt").read_text() == "mine"
+
+
+def test_export_refuses_a_failed_run_and_names_its_failure(tmp_path, capsys):
+    out, _ = _run(tmp_path, "fedavg")
+    summary = json.loads((out / "summary.json").read_text())
+    summary.update(status="failed", failure_reason="995 of 1000 training rounds were skipped")
+    (out / "summary.json").write_text(json.dumps(summary))
+    assert flrep(["export", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "the run failed (995 of 1000 training rounds were skipped)" in err and str(out) in err
+    assert not (out / "model.pt").exists()
+    assert flrep(["diagnose", "cosine", str(out), "--out", str(tmp_path / "diag")]) == 2
+    assert "the run failed" in capsys.readouterr().err and not (tmp_path / "diag").exists()
