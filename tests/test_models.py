@@ -265,4 +265,9 @@ def test_the_fedavgft_cnn_starts_with_a_signal_that_survives_its_nine_layers():
     with torch.no_grad():
         spread = model(torch.randn(64, 3, 32, 32)).std(0).mean().item()
     assert spread > 0.1
-    assert all(float(layer.bias.abs().max()) == 0.0 for layer in model.modules() if isinstance(layer, nn.Linear))
+    *hidden, output = [layer for layer in model.modules() if isinstance(layer, (nn.Conv2d, nn.Linear))]
+    assert all(float(layer.bias.abs().max()) == 0.0 for layer in hidden)
+    for layer in hidden[-2:]:  # He: std sqrt(2 / fan_in)
+        assert float(layer.weight.std()) == pytest.approx((2 / layer.in_features) ** 0.5, rel=0.1)
+    # the output layer (no ReLU after it) keeps PyTorch's default, uniform with std 1 / sqrt(3 fan_in)
+    assert float(output.weight.std()) == pytest.approx((3 * output.in_features) ** -0.5, rel=0.15)
