@@ -226,10 +226,11 @@ def collect(table: Table, out: Path) -> dict[str, dict[int, dict]]:
     return done
 
 
-def cell_values(table: Table, summaries: dict[int, dict], column: str) -> dict[int, float]:
-    """seed -> the column's value (×100 for percent columns); seeds without the key are left out."""
+def cell_values(table: Table, cell: str, summaries: dict[int, dict], column: str) -> dict[int, float]:
+    """seed -> the column's value in ``cell``'s runs (×100 for percent columns); seeds without the
+    key are left out."""
     col = table.columns[column]
-    values = {seed: col.value(s) for seed, s in summaries.items()}
+    values = {seed: col.value(s, table.cells[cell].keys.get(column)) for seed, s in summaries.items()}
     return {seed: v for seed, v in values.items() if v is not None}
 
 
@@ -240,14 +241,15 @@ def rows(table: Table, done: dict[str, dict[int, dict]]) -> list[dict]:
         summaries = done.get(cell.name, {})
         walls = [s["wall_time_s"] for s in summaries.values() if isinstance(s.get("wall_time_s"), (int, float))]
         for col in table.columns.values():
-            values = cell_values(table, summaries, col.name)
+            values = cell_values(table, cell.name, summaries, col.name)
             mean = statistics.fmean(values.values()) if values else None
             std = statistics.stdev(values.values()) if len(values) > 1 else (0.0 if values else None)
             paper = cell.paper.get(col.name)
             diff = mean - paper if mean is not None and paper is not None else None
             within = (abs(diff) <= table.tolerance if diff is not None and table.tolerance is not None and col.percent
                       else None)
-            out.append({"cell": cell.name, "label": cell.label, "column": col.name, "metric": col.label,
+            metric = f"{col.label} (`{cell.keys[col.name]}`)" if col.name in cell.keys else col.label
+            out.append({"cell": cell.name, "label": cell.label, "column": col.name, "metric": metric,
                         "runs": len(summaries), "n": len(values), "mean": mean, "std": std, "seeds": sorted(values),
                         "paper": paper, "difference": diff, "within_tolerance": within,
                         "wall_s_per_seed": statistics.fmean(walls) if walls else None})
@@ -258,8 +260,8 @@ def claim_results(table: Table, done: dict[str, dict[int, dict]]) -> list[dict]:
     """Each claim checked on every seed both its cells completed."""
     results = []
     for claim in table.claims:
-        mine = cell_values(table, done.get(claim.cell, {}), claim.column)
-        theirs = (cell_values(table, done.get(claim.other, {}), claim.column) if claim.other
+        mine = cell_values(table, claim.cell, done.get(claim.cell, {}), claim.column)
+        theirs = (cell_values(table, claim.other, done.get(claim.other, {}), claim.column) if claim.other
                   else {seed: claim.value for seed in mine})
         seeds = sorted(set(mine) & set(theirs))
         holds = sum(claim.holds(mine[s], theirs[s]) for s in seeds)

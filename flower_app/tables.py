@@ -20,6 +20,7 @@ A table file declares, once, what a paper table reports and how we compute each 
         paper: {acc: 87.13}                # null (or absent): not in our copy of the paper
         minutes: {paper: 10, cpu: 5}       # estimated minutes per seed on a 2-core CPU
         at: {cpu: [rounds=40]}             # optional: this cell's own overrides at a scale (after the table's)
+        keys: {acc: global_accuracy}       # optional: where this cell's run reports a column under another key
     claims:                                # optional pass/fail statements on the cells' values
       - {text: "FedAvg learns col(B*)", cell: fedavg, column: dist, op: "<", value: 0.01}
       - {text: "exact heads beat GD heads", cell: fedrep, column: dist, op: "<", other: gdgd}
@@ -53,13 +54,14 @@ class Column:
     label: str
     percent: bool
 
-    def value(self, summary: dict) -> float | None:
-        """The column's number in ``summary`` (×100 when percent), or None when it has none.
+    def value(self, summary: dict, key: str | None = None) -> float | None:
+        """The column's number in ``summary`` (×100 when percent), read from ``key`` (default: the
+        column's own), or None when it has none.
 
         A dotted key ``a.b`` reads entry ``b`` of the mapping ``a`` (e.g. ``newclient_error.20``).
         """
         value: Any = summary
-        for part in self.key.split("."):
+        for part in (key or self.key).split("."):
             value = value.get(part) if isinstance(value, dict) else None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return None
@@ -77,6 +79,7 @@ class Cell:
     paper: dict[str, float]
     minutes: dict[str, float]
     at: dict[str, tuple[str, ...]]
+    keys: dict[str, str] = field(default_factory=dict)  # column -> the summary key this cell reports it under
 
     def overrides_at(self, table: Table, scale: str) -> list[str]:
         """The cell's overrides at ``scale``: its own, the table's scale's, the cell's at that scale."""
@@ -173,11 +176,15 @@ def _parse(name: str, raw: Any, path: Path) -> Table:
         at = spec.get("at") or {}
         if not isinstance(at, dict) or set(at) - set(SCALES):
             raise ConfigError(f"{path}: {where}at is {at!r}; expected override lists under {', '.join(SCALES)}")
+        keys = spec.get("keys") or {}
+        if not isinstance(keys, dict) or set(keys) - set(columns) or not all(isinstance(k, str) for k in keys.values()):
+            raise ConfigError(f"{path}: {where}keys is {keys!r}; expected summary keys under columns "
+                              f"({', '.join(columns)})")
         cells[c] = Cell(c, str(spec.get("label", c)), experiment,
                         tuple(_strings(spec.get("overrides", []), f"{where}overrides", path)),
                         {k: float(v) for k, v in paper.items() if v is not None},
                         {k: float(v) for k, v in minutes.items()},
-                        {s: tuple(_strings(v, f"{where}at.{s}", path)) for s, v in at.items()})
+                        {s: tuple(_strings(v, f"{where}at.{s}", path)) for s, v in at.items()}, dict(keys))
     claims = []
     for i, spec in enumerate(raw.get("claims") or []):
         where = f"claims[{i}]."

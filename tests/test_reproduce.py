@@ -55,6 +55,8 @@ def test_every_shipped_table_loads_and_every_cell_config_is_valid(name, tmp_path
     (("paper: {acc: 50.0}", "paper: {accuracy: 50.0}"), "cells.a.paper.accuracy is not a column"),
     (("  cpu: {note: fewer rounds, overrides: [rounds=2]}\n", ""), "scales.cpu is missing"),
     (("op: \">\", value: 60", "op: \"=>\", value: 60"), "op one of"),
+    (("minutes: {cpu: 0.3}}", "minutes: {cpu: 0.3}, keys: {accuracy: global_accuracy}}"),
+     "cells.a.keys is {'accuracy': 'global_accuracy'}; expected summary keys under columns (acc, steps)"),
 ])
 def test_a_bad_table_file_names_the_file_and_key(tiny, edit, message):
     (tiny / "tiny.yaml").write_text(TINY.replace(*edit))
@@ -155,6 +157,20 @@ def test_a_dotted_column_key_reads_an_entry_of_a_summary_mapping():
     assert error.value(summary) == 0.125 and acc.value(summary) == 50.0
     assert error.value({"newclient_error": {"5": 0.9}}) is None and error.value({}) is None
     assert tables.Column("f", "flag", "flag", percent=False).value(summary) is None  # a bool is not a number
+
+
+def test_a_cell_can_report_a_column_under_its_own_summary_key(tiny, tmp_path):
+    (tiny / "tiny.yaml").write_text(TINY.replace("paper: {acc: 90.0}}", "paper: {acc: 90.0}, keys: {acc: global_accuracy}}"))
+    table = load_table("tiny")
+    _fake_run(tmp_path, "a", 0, 0.50)
+    _fake_run(tmp_path, "b", 0, 0.10)  # its personalized accuracy is not what column acc reports for b
+    summary_file = tmp_path / "runs" / "b" / "seed0" / "summary.json"
+    summary_file.write_text(json.dumps({**json.loads(summary_file.read_text()), "global_accuracy": 0.89}))
+    write_report(table, "cpu", tmp_path, {"table": "tiny", "scale": "cpu", "runs": {}})
+    md = (tmp_path / "table.md").read_text()
+    assert "| B | accuracy (`global_accuracy`) | 89.00 | 1 | 90.00 | -1.00 | yes |" in md
+    assert "| A | accuracy | 50.00 | 1 | 50.00 | +0.00 | yes |" in md
+    assert "| B beats A | `b.acc > a.acc` | holds (1/1 seeds) |" in md
 
 
 def test_a_pipe_in_a_label_does_not_break_the_markdown_table():
