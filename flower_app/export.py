@@ -4,13 +4,13 @@
 model's name and shapes, and a full ``state_dict`` made of the run's global arrays over the
 run's seeded initial model. What the server never holds stays on the clients and is *not* in
 the file: a FedRep/FedPer client's head, an LG-FedAvg client's local part, a Local-only
-model. A failed run (its ``summary.json`` says so) is refused: its model is not a result.
-Those entries (``local_keys`` lists them) keep what a new client starts from: the
+model. Those entries (``local_keys`` lists them) keep what a new client starts from: the
 common initial weights, or for LG-FedAvg the warm-start model's local part that its server
 keeps and hands to clients without one. A TCT checkpoint after stage 1 holds the linear model on eNTK
 features, not the network; run TCT with ``rounds=<tct.stage1_rounds>`` to export its stage-1
 model.
 
+A failed run (its ``summary.json`` says so) is refused: its model is not a result.
 :func:`load_model` rebuilds the model from the file.
 """
 
