@@ -27,6 +27,7 @@ from pathlib import Path
 
 from flower_app.certs import DeploymentKeys
 from flower_app.config import PROJECT_DIR as APP_DIR
+from flower_app.run_dir import write_atomic
 from strategies.state_store import SIMULATION_ENV
 from task.errors import ConfigError
 
@@ -171,8 +172,10 @@ class LocalDeployment:
         return process
 
     def _write_pids(self) -> None:
-        """``processes.json``: name -> PID (each the leader of its own process group)."""
-        (self.work / "processes.json").write_text(json.dumps({n: p.pid for n, p in self.processes.items()}))
+        """``processes.json``: name -> PID (each the leader of its own process group), replaced
+        atomically so that a reader never sees it half written."""
+        pids = json.dumps({n: p.pid for n, p in self.processes.items()})
+        write_atomic(self.work / "processes.json", lambda tmp: tmp.write_text(pids))
 
     def start_superlink(self, wait_s: float = 60.0) -> None:
         """Start the SuperLink and wait until its port answers."""

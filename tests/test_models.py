@@ -266,6 +266,7 @@ def test_the_fedavgft_cnn_starts_with_a_signal_that_survives_its_nine_layers():
         spread = model(torch.randn(64, 3, 32, 32)).std(0).mean().item()
     assert spread > 0.1
     *hidden, output = [layer for layer in model.modules() if isinstance(layer, (nn.Conv2d, nn.Linear))]
+    model.requires_grad_(False)
     assert all(float(layer.bias.abs().max()) == 0.0 for layer in hidden)
     for layer in hidden[-2:]:  # He: std sqrt(2 / fan_in)
         assert float(layer.weight.std()) == pytest.approx((2 / layer.in_features) ** 0.5, rel=0.1)
