@@ -2,7 +2,9 @@
 (FedRep for two rounds; a SuperNode killed mid-run), TLS with SuperNode authentication (a
 registered key joins, an unregistered one is refused), and the start-up checks."""
 
+import contextlib
 import json
+import os
 import shlex
 import signal
 import subprocess
@@ -195,22 +197,27 @@ def test_a_stopped_deploy_leaves_no_process_behind(tmp_path, how):
     launcher = cmd if how != "parent dies" else ["sh", "-c", shlex.join(cmd) + " & wait"]
     proc = subprocess.Popen(launcher, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     pids_file = out / "deployment" / "processes.json"
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and "run" not in (json.loads(pids_file.read_text()) if pids_file.is_file() else {}):
-        time.sleep(0.5)
-    pids = json.loads(pids_file.read_text())
-    assert {"superlink", "supernode-0", "supernode-1", "run"} <= set(pids)
-    port = Path(f"/proc/{pids['superlink']}/cmdline").read_bytes().split(b"\0")
-    marker = f"127.0.0.1:{port[port.index(b'--port') + 1].decode()}"
-    if how == "parent dies":
-        proc.send_signal(signal.SIGKILL)  # the shell: flrep is re-parented
-        proc.wait(timeout=30)
-    else:
-        proc.send_signal(signal.SIGTERM if how == "sigterm" else signal.SIGHUP)
-        assert proc.wait(timeout=90) == 128 + (signal.SIGTERM if how == "sigterm" else signal.SIGHUP)
-        assert "were stopped" in proc.stderr.read().decode()
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline and _left_behind(set(pids.values()), marker):
-        time.sleep(0.5)
-    assert _left_behind(set(pids.values()), marker) == []
-    assert all(_state(pid) in (None, "Z") for pid in pids.values())
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and "run" not in (json.loads(pids_file.read_text()) if pids_file.is_file() else {}):
+            time.sleep(0.5)
+        pids = json.loads(pids_file.read_text())
+        assert {"superlink", "supernode-0", "supernode-1", "run"} <= set(pids)
+        port = Path(f"/proc/{pids['superlink']}/cmdline").read_bytes().split(b"\0")
+        marker = f"127.0.0.1:{port[port.index(b'--port') + 1].decode()}"
+        if how == "parent dies":
+            proc.send_signal(signal.SIGKILL)  # the shell: flrep is re-parented
+            proc.wait(timeout=30)
+        else:
+            proc.send_signal(signal.SIGTERM if how == "sigterm" else signal.SIGHUP)
+            assert proc.wait(timeout=90) == 128 + (signal.SIGTERM if how == "sigterm" else signal.SIGHUP)
+            assert "were stopped" in proc.stderr.read().decode()
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and _left_behind(set(pids.values()), marker):
+            time.sleep(0.5)
+        assert _left_behind(set(pids.values()), marker) == []
+        assert all(_state(pid) in (None, "Z") for pid in pids.values())
+    finally:  # a failed check must not leave the deployment running
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
