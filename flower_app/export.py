@@ -16,7 +16,6 @@ A failed run (its ``summary.json`` says so) is refused: its model is not a resul
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ import torch
 from omegaconf import OmegaConf
 
 from flower_app import checkpoint
+from flower_app.run_dir import read_summary
 from task.errors import ConfigError
 
 #: The layout of ``model.pt``.
@@ -92,10 +92,7 @@ def model_from_run(run_dir: Path) -> tuple[torch.nn.Module, dict[str, Any]]:
 def refuse_failed(run_dir: Path) -> None:
     """Raise :class:`ConfigError` when ``run_dir``'s ``summary.json`` records a failed run (e.g. one
     that diverged or learned nothing): its weights would make every analysis of them a lie."""
-    summary_file = run_dir / "summary.json"
-    if not summary_file.is_file():
-        return  # a run still going (or stopped) exports its last checkpoint
-    summary = json.loads(summary_file.read_text())
+    summary = read_summary(run_dir) or {}  # none: a run still going (or stopped) exports its last checkpoint
     if summary.get("status") == "failed":
         raise ConfigError(f"run-dir {str(run_dir)!r}: the run failed ({summary.get('failure_reason', 'no reason given')}"
                           "); its model is not a result to export or diagnose")

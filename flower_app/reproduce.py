@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from flower_app import checkpoint, run_dir
-from flower_app.run_dir import write_atomic
+from flower_app.run_dir import read_summary, write_atomic
 from flower_app.tables import Cell, Table
 from task.errors import ConfigError
 
@@ -43,14 +43,6 @@ class Job:
 
 def run_folder(out: Path, job: Job) -> Path:
     return out / "runs" / job.cell.name / f"seed{job.seed}"
-
-
-def read_summary(folder: Path) -> dict | None:
-    """The run's summary.json, or None when there is none (or it is unreadable)."""
-    try:
-        return json.loads((folder / "summary.json").read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def plan(table: Table, seeds: list[int], only: list[str] | None) -> list[Job]:

@@ -8,6 +8,7 @@ may only start in a directory that holds none; ``resume=`` continues the run it 
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Callable
@@ -64,6 +65,14 @@ def move_aside(out: Path) -> Path | None:
         n += 1
     out.rename(target)
     return target
+
+
+def read_summary(folder: Path) -> dict | None:
+    """The run's summary.json, or None when there is none (or it is unreadable)."""
+    try:
+        return json.loads((folder / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
