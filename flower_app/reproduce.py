@@ -2,7 +2,8 @@
 
 Each (cell, seed) is one ``flrep run`` in ``DIR/runs/<cell>/seed<k>/`` (its log beside it as
 ``seed<k>.log``): a completed run is kept and read, a checkpointed one is resumed, a started
-one without a checkpoint is moved aside (``--force``: never deleted) and run again. After every
+one without a checkpoint is moved aside (``--force``: never deleted) and run again, as is a run
+made with other settings than its cell's now or under an older ``revision`` of the table. After every
 run ``DIR/reproduce.json`` records what ran (machine, date, commit, wall time) and
 ``DIR/table.md``, ``table.csv`` and ``table.png`` are rewritten from every completed run.
 """
@@ -86,6 +87,19 @@ def stale_keys(table: Table, scale: str, job: Job, folder: Path) -> list[str]:
     return [key for key in checkpoint.config_differences(saved, wanted) if _present(saved, key)]
 
 
+def stale_reason(table: Table, scale: str, job: Job, folder: Path, manifest: dict) -> str | None:
+    """Why the run in ``folder`` no longer belongs to its cell (None: it does, or there is none):
+    other settings, or a table revision older than the table's now (a run recorded without one
+    is revision 1)."""
+    differing = stale_keys(table, scale, job, folder)
+    if differing:
+        return f"was run with other values of {', '.join(differing[:6])}"
+    revision = manifest["runs"].get(job.key, {}).get("revision", 1)
+    if run_dir.run_files(folder) and revision < table.revision:
+        return f"was run for revision {revision} of the table, which is now at revision {table.revision}"
+    return None
+
+
 def _present(config: dict, key: str) -> bool:
     node = config
     for part in key.split("."):
@@ -123,12 +137,12 @@ def reproduce(table: Table, scale: str, seeds: list[int], only: list[str] | None
     out.mkdir(parents=True, exist_ok=True)
     manifest = load_manifest(out) or {"table": table.name, "scale": scale, "runs": {}}
     here = {"machine": machine(), "commit": commit()}
-    for job in jobs:  # a run made with other settings than the cell's now is kept aside, never counted
-        differing = stale_keys(table, scale, job, run_folder(out, job))
-        if differing:
+    for job in jobs:  # a run made with other settings, or by an older revision of the table, is kept aside
+        why = stale_reason(table, scale, job, run_folder(out, job), manifest)
+        if why:
             moved = run_dir.move_aside(run_folder(out, job))
-            print(f"[reproduce] {job.key} was run with other values of {', '.join(differing[:6])}: moved to {moved}, "
-                  "to run again", flush=True)
+            manifest["runs"].pop(job.key, None)
+            print(f"[reproduce] {job.key} {why}: moved to {moved}, to run again", flush=True)
     todo = [j for j in jobs if (read_summary(run_folder(out, j)) or {}).get("status") != "completed"]
     print(f"[reproduce] {table.name} at scale {scale!r}: {len(jobs)} runs, {len(jobs) - len(todo)} already "
           f"completed, {len(todo)} to run (estimated {_minutes(sum(j.cell.minutes.get(scale, 0) for j in todo))})",
@@ -142,6 +156,10 @@ def reproduce(table: Table, scale: str, seeds: list[int], only: list[str] | None
               f"{_minutes((time.monotonic() - started) / 60)} | ETA {_minutes(left * pace)}", flush=True)
         cmd = command(table, scale, job, folder)
         folder.parent.mkdir(parents=True, exist_ok=True)
+        if job.key not in manifest["runs"]:  # the revision that starts a run is the one it belongs to
+            manifest["runs"][job.key] = {"status": "started", "revision": table.revision, "command": cmd[1:],
+                                         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), **here}
+            _save_manifest(out, manifest)
         t0 = time.monotonic()
         with open(folder.parent / f"seed{job.seed}.log", "a") as log:
             log.write(f"$ {' '.join(cmd)}\n")
@@ -159,7 +177,7 @@ def reproduce(table: Table, scale: str, seeds: list[int], only: list[str] | None
         status = (summary or {}).get("status") if code == 0 else "failed"
         manifest["runs"][job.key] = {"status": status, "exit_code": code, "wall_s": round(seconds, 1),
                                      "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                                     "command": cmd[1:], **here}
+                                     "revision": table.revision, "command": cmd[1:], **here}
         _save_manifest(out, manifest)
         if status != "completed":
             failed.append(job.key)
@@ -285,7 +303,7 @@ def _fmt(value: float | None, percent: bool) -> str:
 
 def markdown(table: Table, scale: str, manifest: dict, table_rows: list[dict], claims: list[dict]) -> str:
     """The generated table with its header: setting, machine, commits, differences."""
-    runs = manifest.get("runs", {})
+    runs = {k: r for k, r in manifest.get("runs", {}).items() if r["status"] != "started"}
     machines = sorted({f"{r['machine'].get('processor')} × {r['machine'].get('cpu_count')} CPUs"
                        + (f", {r['machine']['cuda']}" if r['machine'].get('cuda') else "") for r in runs.values()})
     commits = sorted({str(r.get("commit")) for r in runs.values()})

@@ -8,6 +8,8 @@ A table file declares, once, what a paper table reports and how we compute each 
                                            # (``a.b``: entry ``b`` of the summary's mapping ``a``)
       acc: {key: personalized_accuracy, label: personalized accuracy, percent: true}
     tolerance: 1.5                         # points (percent columns) within which ours matches
+    revision: 2                            # optional (default 1): raise it when a code change makes the
+                                           # table's earlier runs wrong; they are moved aside and run again
     scales:                                # `paper`: the paper's setting; `cpu`: a declared reduction
       paper: {note: the paper's setting, overrides: []}
       cpu: {note: 50 rounds instead of 100, overrides: [rounds=50]}
@@ -114,6 +116,7 @@ class Table:
     tolerance: float | None
     notes: tuple[str, ...] = ()
     claims: tuple[Claim, ...] = field(default=())
+    revision: int = 1  # runs recorded under an older revision no longer count
 
     def minutes(self, scale: str, cells: list[str] | None = None) -> float:
         """Estimated minutes of one seed of ``cells`` (all by default) at ``scale``."""
@@ -198,9 +201,12 @@ def _parse(name: str, raw: Any, path: Path) -> Table:
                               "exactly one of value / other")
         claims.append(claim)
     tolerance = raw.get("tolerance", 1.5)
+    revision = raw.get("revision", 1)
+    if isinstance(revision, bool) or not isinstance(revision, int) or revision < 1:
+        raise ConfigError(f"{path}: revision is {revision!r}; expected a whole number >= 1")
     return Table(name, need(raw, "title", ""), need(raw, "source", ""), columns, cells,
                  {s: scales[s] for s in SCALES}, None if tolerance is None else float(tolerance),
-                 tuple(str(n) for n in raw.get("notes") or ()), tuple(claims))
+                 tuple(str(n) for n in raw.get("notes") or ()), tuple(claims), revision)
 
 
 def _strings(value: Any, where: str, path: Path) -> list[str]:

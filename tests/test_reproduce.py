@@ -128,6 +128,31 @@ def test_a_run_made_with_other_settings_is_moved_aside_and_run_again(tiny, tmp_p
     assert json.loads((kept / "summary.json").read_text())["status"] == "completed" and len(ran) == 1
 
 
+def test_runs_of_an_older_table_revision_are_moved_aside_and_run_again(tiny, tmp_path, capsys, monkeypatch):
+    from flower_app import reproduce as rep
+
+    for seed in (0, 1):
+        _fake_run(tmp_path, "a", seed, 0.5)
+    (tmp_path / "reproduce.json").write_text(json.dumps({"table": "tiny", "scale": "cpu", "runs": {
+        "a/seed1": {"status": "completed", "revision": 2, "date": "2026-11-23T07:00:00+00:00", "commit": "abc",
+                    "machine": {"processor": "x86_64", "cpu_count": 2}}}}))  # seed 0: recorded before revisions, i.e. 1
+    ran = []
+    monkeypatch.setattr(rep, "run_child", lambda cmd, log: ran.append(cmd) or 1)
+    assert reproduce(load_table("tiny"), "cpu", [0, 1], ["a"], tmp_path) == 0  # revision 1: both count
+    assert ran == []
+    (tiny / "tiny.yaml").write_text(TINY + "revision: 2\n")
+    assert reproduce(load_table("tiny"), "cpu", [0, 1], ["a"], tmp_path) == 1  # the fake child fails
+    assert "a/seed0 was run for revision 1 of the table, which is now at revision 2: moved to" in capsys.readouterr().out
+    kept = next((tmp_path / "runs" / "a").glob("seed0.old-*"))
+    assert json.loads((kept / "summary.json").read_text())["status"] == "completed"
+    assert len(ran) == 1 and "seed=0" in ran[0]  # seed 1 belongs to revision 2 and is kept
+    manifest = json.loads((tmp_path / "reproduce.json").read_text())
+    assert manifest["runs"]["a/seed0"]["revision"] == 2 and manifest["runs"]["a/seed0"]["status"] == "failed"
+    (tiny / "tiny.yaml").write_text(TINY + "revision: 0\n")
+    with pytest.raises(ConfigError, match="revision is 0"):
+        load_table("tiny")
+
+
 def test_the_report_gives_mean_std_paper_difference_and_claims(tiny, tmp_path):
     table = load_table("tiny")
     for seed, acc in enumerate([0.50, 0.52, 0.54]):
