@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -100,25 +101,30 @@ def plot_linear(records: dict[str, list[dict]], path: Path, title: str) -> Path:
 
 
 def plot_table(table, table_rows: list[dict], path: Path) -> None:
-    """One panel per column of a reproduced table: ours (mean ± std over seeds) beside the paper's."""
+    """One panel per column of a reproduced table: ours (mean ± std over seeds, each bar labelled
+    with its value) beside the paper's."""
     columns = list(table.columns.values())
-    fig, axes = plt.subplots(1, len(columns), figsize=(max(5.0, 1.2 * len(table.cells)) * len(columns), 4),
-                             squeeze=False)
+    width = max(5.0, 1.2 * len(table.cells))
+    fig, axes = plt.subplots(1, len(columns), figsize=(width * len(columns), 4.5), squeeze=False,
+                             layout="constrained")
     for ax, col in zip(axes[0], columns):
         mine = [r for r in table_rows if r["column"] == col.name]
         x = range(len(mine))
-        ax.bar([i - 0.2 for i in x], [r["mean"] if r["mean"] is not None else 0 for r in mine], width=0.4,
-               yerr=[r["std"] or 0 for r in mine], capsize=3, label="ours (mean ± std over seeds)")
+        ours = ax.bar([i - 0.2 for i in x], [r["mean"] if r["mean"] is not None else 0 for r in mine], width=0.4,
+                      yerr=[r["std"] or 0 for r in mine], capsize=3, label="ours (mean ± std over seeds)")
+        ax.bar_label(ours, labels=["" if r["mean"] is None else f"{r['mean']:.1f}" if col.percent else f"{r['mean']:.3g}"
+                                  for r in mine], fontsize=7)
         paper = [(i + 0.2, r["paper"]) for i, r in zip(x, mine) if r["paper"] is not None]
         if paper:
             ax.bar(*zip(*paper), width=0.4, color="tab:gray", label="paper")
         ax.set_xticks(list(x), [r["label"] for r in mine], rotation=30, ha="right")
-        ax.set(title=col.label, ylabel=col.label + (" (%)" if col.percent else ""))
+        ax.set_title(textwrap.fill(col.label, int(width * 9)), fontsize=9)
+        ax.set_ylabel("%" if col.percent else col.name)
         means = [r["mean"] for r in mine if r["mean"] is not None]
         if not col.percent and means and min(means) > 0:
             ax.set_yscale("log")
         ax.grid(alpha=0.3, axis="y")
         ax.legend(fontsize=8)
-    fig.suptitle(table.title)
+    fig.suptitle(textwrap.fill(table.title, int(width * len(columns) * 9)), fontsize=10)
     save_figure(fig, path)
     plt.close(fig)
