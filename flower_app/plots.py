@@ -101,13 +101,16 @@ def plot_linear(records: dict[str, list[dict]], path: Path, title: str) -> Path:
 
 
 def plot_table(table, table_rows: list[dict], path: Path) -> None:
-    """One panel per column of a reproduced table: ours (mean ± std over seeds, each bar labelled
+    """One panel per column of a reproduced table (two per row): ours (mean ± std over seeds, each bar labelled
     with its value) beside the paper's."""
     columns = list(table.columns.values())
     width = max(5.0, 1.2 * len(table.cells))
-    fig, axes = plt.subplots(1, len(columns), figsize=(width * len(columns), 4.5), squeeze=False,
-                             layout="constrained")
-    for ax, col in zip(axes[0], columns):
+    ncols = min(2, len(columns))
+    nrows = -(-len(columns) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, 4.5 * nrows), squeeze=False, layout="constrained")
+    for ax in axes.flat[len(columns):]:
+        ax.set_visible(False)
+    for ax, col in zip(axes.flat, columns):
         mine = [r for r in table_rows if r["column"] == col.name]
         x = range(len(mine))
         ours = ax.bar([i - 0.2 for i in x], [r["mean"] if r["mean"] is not None else 0 for r in mine], width=0.4,
@@ -125,6 +128,6 @@ def plot_table(table, table_rows: list[dict], path: Path) -> None:
             ax.set_yscale("log")
         ax.grid(alpha=0.3, axis="y")
         ax.legend(fontsize=8)
-    fig.suptitle(textwrap.fill(table.title, int(width * len(columns) * 9)), fontsize=10)
+    fig.suptitle(textwrap.fill(table.title, int(width * ncols * 9)), fontsize=10)
     save_figure(fig, path)
     plt.close(fig)
