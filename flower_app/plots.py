@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import textwrap
 from pathlib import Path
 
@@ -106,7 +107,7 @@ def plot_table(table, table_rows: list[dict], path: Path) -> None:
     columns = list(table.columns.values())
     width = max(5.0, 1.2 * len(table.cells))
     ncols = min(2, len(columns))
-    nrows = -(-len(columns) // ncols)
+    nrows = math.ceil(len(columns) / ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, 4.5 * nrows), squeeze=False, layout="constrained")
     for ax in axes.flat[len(columns):]:
         ax.set_visible(False)

@@ -156,10 +156,11 @@ def reproduce(table: Table, scale: str, seeds: list[int], only: list[str] | None
               f"{_minutes((time.monotonic() - started) / 60)} | ETA {_minutes(left * pace)}", flush=True)
         cmd = command(table, scale, job, folder)
         folder.parent.mkdir(parents=True, exist_ok=True)
-        if job.key not in manifest["runs"]:  # the revision that starts a run is the one it belongs to
-            manifest["runs"][job.key] = {"status": "started", "revision": table.revision, "command": cmd[1:],
-                                         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), **here}
-            _save_manifest(out, manifest)
+        # every run left in the folder is of the table's revision now (older ones were moved aside):
+        # record it before the run starts, so that an interrupted run keeps it
+        manifest["runs"][job.key] = {"status": "started", "revision": table.revision, "command": cmd[1:],
+                                     "date": _now(), **here}
+        _save_manifest(out, manifest)
         t0 = time.monotonic()
         with open(folder.parent / f"seed{job.seed}.log", "a") as log:
             log.write(f"$ {' '.join(cmd)}\n")
@@ -176,8 +177,7 @@ def reproduce(table: Table, scale: str, seeds: list[int], only: list[str] | None
         summary = read_summary(folder)
         status = (summary or {}).get("status") if code == 0 else "failed"
         manifest["runs"][job.key] = {"status": status, "exit_code": code, "wall_s": round(seconds, 1),
-                                     "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                                     "revision": table.revision, "command": cmd[1:], **here}
+                                     "date": _now(), "revision": table.revision, "command": cmd[1:], **here}
         _save_manifest(out, manifest)
         if status != "completed":
             failed.append(job.key)
@@ -216,6 +216,10 @@ def run_child(cmd: list[str], log) -> int:
 
 def _save_manifest(out: Path, manifest: dict) -> None:
     write_atomic(out / MANIFEST, lambda tmp: Path(tmp).write_text(json.dumps(manifest, indent=1) + "\n"))
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def _minutes(m: float) -> str:

@@ -136,8 +136,14 @@ def test_runs_of_an_older_table_revision_are_moved_aside_and_run_again(tiny, tmp
     (tmp_path / "reproduce.json").write_text(json.dumps({"table": "tiny", "scale": "cpu", "runs": {
         "a/seed1": {"status": "completed", "revision": 2, "date": "2026-11-23T07:00:00+00:00", "commit": "abc",
                     "machine": {"processor": "x86_64", "cpu_count": 2}}}}))  # seed 0: recorded before revisions, i.e. 1
-    ran = []
-    monkeypatch.setattr(rep, "run_child", lambda cmd, log: ran.append(cmd) or 1)
+    ran, recorded = [], []
+
+    def fake_child(cmd, log):  # what the manifest says while the run goes (an interrupted run keeps it)
+        recorded.append(json.loads((tmp_path / "reproduce.json").read_text())["runs"]["a/seed0"])
+        ran.append(cmd)
+        return 1
+
+    monkeypatch.setattr(rep, "run_child", fake_child)
     assert reproduce(load_table("tiny"), "cpu", [0, 1], ["a"], tmp_path) == 0  # revision 1: both count
     assert ran == []
     (tiny / "tiny.yaml").write_text(TINY + "revision: 2\n")
@@ -146,6 +152,7 @@ def test_runs_of_an_older_table_revision_are_moved_aside_and_run_again(tiny, tmp
     kept = next((tmp_path / "runs" / "a").glob("seed0.old-*"))
     assert json.loads((kept / "summary.json").read_text())["status"] == "completed"
     assert len(ran) == 1 and "seed=0" in ran[0]  # seed 1 belongs to revision 2 and is kept
+    assert recorded[0]["status"] == "started" and recorded[0]["revision"] == 2
     manifest = json.loads((tmp_path / "reproduce.json").read_text())
     assert manifest["runs"]["a/seed0"]["revision"] == 2 and manifest["runs"]["a/seed0"]["status"] == "failed"
     (tiny / "tiny.yaml").write_text(TINY + "revision: 0\n")
