@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import random
 import shlex
 import shutil
 import signal
@@ -46,9 +47,26 @@ def tool(name: str) -> str:
     return found
 
 
+#: The kernel's range of ports for outgoing connections (Linux's default where it cannot be read).
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
 def free_port() -> int:
-    """A TCP port on loopback that nothing listens on."""
-    with socket.socket() as sock:
+    """A TCP port on loopback that nothing listens on, below the kernel's ephemeral range when
+    there is room: a port of that range may be taken by an outgoing connection (a SuperNode's, a
+    ClientApp's) between this check and the moment the server binds it."""
+    try:
+        low = int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for port in random.sample(range(10000, low), min(50, max(low - 10000, 0))):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as sock:  # no room below the range: any port the kernel gives
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
@@ -129,6 +147,7 @@ class LocalDeployment:
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.processes: dict[str, subprocess.Popen] = {}
+        self.node_ports: dict[str, int] = {}  # SuperNode name -> port of its Runtime API
         self.home = self.work / "flwr-home"
         self._write_connection()
 
@@ -203,7 +222,9 @@ class LocalDeployment:
     def start_supernode(self, index: int, node_config: dict[str, object], private_key: Path | None = None,
                         name: str | None = None) -> subprocess.Popen:
         """Start SuperNode ``index`` with ``node_config`` (authenticated with ``private_key`` under TLS)."""
-        args = [tool("flower-supernode"), "--superlink", self.address, "--port", str(free_port()),
+        name = name or f"supernode-{index}"
+        self.node_ports[name] = free_port()
+        args = [tool("flower-supernode"), "--superlink", self.address, "--port", str(self.node_ports[name]),
                 "--node-config", node_config_text(node_config)]
         if self.keys is None:
             args.append("--insecure")
@@ -212,10 +233,19 @@ class LocalDeployment:
             if private_key is not None:
                 check_files(auth_supernode_private_key=private_key)
                 args += ["--auth-supernode-private-key", str(private_key)]
-        return self._start(name or f"supernode-{index}", args)
+        return self._start(name, args)
+
+    def wait_for_supernodes(self, wait_s: float = 60.0) -> None:
+        """Wait until every running SuperNode serves its Runtime API; one that exited (a port
+        taken, a bad flag) is named with its log."""
+        for name, port in self.node_ports.items():
+            if name in self.processes:
+                wait_for_port(f"127.0.0.1:{port}", wait_s, name, self.processes[name], self.work / f"{name}.log")
 
     def run(self, experiment: str, overrides: list[str], timeout_s: float | None = None) -> None:
-        """Submit the experiment to the SuperLink and stream its logs until it ends."""
+        """Once the SuperNodes are up, submit the experiment to the SuperLink and stream its logs
+        until it ends."""
+        self.wait_for_supernodes()
         config = f"experiment={json.dumps(experiment)} overrides={json.dumps(shlex.join(overrides))}"
         args = [tool("flwr"), "run", str(APP_DIR), CONNECTION, "--run-config", config, "--stream"]
         process = self._start("run", args)  # logs in run.log; stopped with the rest if flrep is stopped

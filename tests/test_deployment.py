@@ -7,6 +7,7 @@ import json
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -25,6 +26,16 @@ RUN = ["compare=[]", "wandb.enabled=false", "train.fraction=1.0", "eval.final_wi
 def _records(out) -> list[dict]:
     path = out / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def _summary(out: Path, work: Path) -> dict:
+    """The run's summary; without one, the failure shows the end of every deployment log."""
+    path = out / "summary.json"
+    if not path.is_file():
+        tails = "\n".join(f"--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+                          for log in sorted(work.glob("*.log")))
+        pytest.fail(f"the run wrote no {path}; the deployment's logs end:\n{tails}")
+    return json.loads(path.read_text())
 
 
 def _start_nodes(deployment: LocalDeployment, nodes: int) -> None:
@@ -51,7 +62,7 @@ def test_fedrep_runs_on_a_superlink_with_three_supernodes(tmp_path):
                        timeout_s=300)
         processes = list(deployment.processes.values())
     assert all(p.poll() is not None for p in processes)  # every process it started has stopped
-    summary = json.loads((out / "summary.json").read_text())
+    summary = _summary(out, tmp_path / "deployment")
     assert summary["status"] == "completed" and summary["algorithm"] == "fedrep"
     trains = [r for r in _records(out) if r["phase"] == "train"]
     assert [r["round"] for r in trains] == [1, 2]
@@ -68,7 +79,7 @@ def test_a_killed_supernode_does_not_end_the_run(tmp_path):
         runner = _run_in_background_until_round_one_ends(deployment, overrides, out)
         deployment.stop("supernode-2")  # the node of partition 2 dies after round 1
         runner.join()
-    summary = json.loads((out / "summary.json").read_text())
+    summary = _summary(out, tmp_path / "deployment")
     assert summary["status"] == "completed"
     trains = {r["round"]: r for r in _records(out) if r["phase"] == "train"}
     assert trains[1]["failed_clients"] == []
@@ -91,7 +102,7 @@ def test_a_restarted_supernode_rejoins_with_the_state_it_kept_on_disk(tmp_path):
         deployment.start_supernode(2, node[2], name="supernode-2-restarted")
         runner.join()
         restarted_log = (deployment.work / "supernode-2-restarted.log").read_text()
-    summary = json.loads((out / "summary.json").read_text())
+    summary = _summary(out, tmp_path / "deployment")
     assert summary["status"] == "completed"
     trains = {r["round"]: r for r in _records(out) if r["phase"] == "train"}
     assert trains[1]["failed_clients"] == [] and trains[3]["failed_clients"] == []
@@ -138,6 +149,27 @@ def test_missing_certificates_and_an_unreachable_superlink_are_named(tmp_path):
         LocalDeployment(tmp_path / "deployment", keys)
     with pytest.raises(ConfigError, match=r"the SuperLink at 127\.0\.0\.1:\d+ is unreachable"):
         wait_for_port(f"127.0.0.1:{free_port()}", 1.0, "the SuperLink")
+
+
+def test_ports_are_free_and_outside_the_ephemeral_range():
+    low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    ports = [free_port() for _ in range(20)]
+    assert all(p < low or (low <= 10000 and p <= high) for p in ports)
+    for port in ports:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))  # raises if taken
+
+
+def test_a_supernode_that_cannot_start_is_named_before_the_run_is_submitted(tmp_path, monkeypatch):
+    with socket.socket() as taken, LocalDeployment(tmp_path / "deployment") as deployment:
+        taken.bind(("127.0.0.1", 0))  # bound, not listening: the SuperNode cannot bind it
+        deployment.start_superlink()
+        monkeypatch.setattr("flower_app.deployment.free_port", lambda: taken.getsockname()[1])
+        deployment.start_supernode(0, {"partition-id": 0, "num-partitions": 1})
+        with pytest.raises(RuntimeError, match=r"supernode-0 exited with status 1; its log ends:"):
+            deployment.run("quickstart", RUN + ["data.num_clients=1", f"out_dir={tmp_path / 'out'}"], timeout_s=60)
+        assert "run" not in deployment.processes  # nothing was submitted
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.slow
