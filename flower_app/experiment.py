@@ -32,6 +32,7 @@ from strategies import ALGORITHMS
 from strategies.base import Algorithm, ServerHooks
 from strategies.common import failure_fields, fmt
 from strategies.evaluator import ServerEvaluator
+from strategies.services import TRAIN_PHASE
 from task.data.sampling import sample_clients
 from task.learning.metrics import client_spread, final_window_mean, final_window_rounds
 
@@ -156,7 +157,7 @@ class Experiment:
         config = ConfigRecord({"variant": self.cfg.label})
         messages = list(self.strategy.configure_train(t, self.arrays, config, NodeSubset(self.grid, fed.nodes(pids))))
         replies, failed = self.services.send(messages, "train", self.strategy.reply_template)
-        record = {"round": t, "phase": "train", "clients": pids, **failure_fields(failed)}
+        record = {"round": t, "phase": TRAIN_PHASE, "clients": pids, **failure_fields(failed)}
         minimum = min(int(self.cfg.faults.min_replies), len(messages))  # online rounds ask fewer clients
         if len(replies) < minimum:
             log(WARNING, "[flrep] round %d skipped: %d sound replies, faults.min_replies=%d", t, len(replies), minimum)
@@ -345,7 +346,7 @@ class Experiment:
         headline = next((k for k in ("personalized_accuracy", "personalized_loss", "global_accuracy")
                          if any(r.get(k) is not None for r in evals)), "personalized_accuracy")
 
-        trains = [r for r in records if r["phase"] == "train"]
+        trains = [r for r in records if r["phase"] == TRAIN_PHASE]
         summary = {
             "status": "completed", "experiment": cfg.experiment, "algorithm": cfg.algorithm,
             "dataset": cfg.data.name, "model": cfg.model.name, "num_clients": self.data.num_clients,

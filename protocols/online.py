@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 from protocols.base import PaperProtocol
 from strategies.checks import nonnegative, positive, require, unit_interval
 from strategies.common import fmt
-from strategies.services import Services
+from strategies.services import Services, training_phase
 from task.data.sampling import sample_clients
 from task.learning.metrics import final_window_mean
 
@@ -65,7 +65,7 @@ class OnlineDevice(PaperProtocol):
             pids = [device] + (sample_clients(services.trainable, others, int(cfg.seed), t) if others else [])
             services.adopt_restarted(t)
             record = services.train_round(t, pids)
-            record["phase"] = "online-train"
+            record["phase"] = training_phase("online")
             services.log(record, stamp=False)
             if not (s % int(cfg.eval.every) and s <= rounds - int(cfg.eval.final_window) and s != 1):
                 self.evaluate(t, s, services)

@@ -42,7 +42,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from strategies.checks import nonnegative, positive, require
 from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, WeightedAverage, all_keys, register
 from strategies.common import ARRAYS, CONFIG, NUM_EXAMPLES, ClientRuntime, reply, round_config
-from strategies.services import Services
+from strategies.services import Services, is_training_record
 from strategies.state_store import keep_arrays, kept_arrays
 from task.learning.fairness import train_fair
 from task.learning.models import FairMLP, SplitModel
@@ -189,9 +189,7 @@ class LGFedAvg(ServerHooks, WeightedAverage):
         out: dict = {"lg_switch_round": self.switch_round}
         if self.switch_round is not None:
             start = self.switch_round - 1
-            # training records of the main phase ("train") and of a protocol's rounds after it (e.g. "online-train")
-            out["lg_rounds_trained"] = sum(r["phase"].endswith("train") and r["round"] >= self.switch_round
-                                           for r in records)
+            out["lg_rounds_trained"] = sum(is_training_record(r) and r["round"] >= self.switch_round for r in records)
             evals = [r for r in records if r["phase"] == "eval" and r["round"] >= start]
             out.update(local_test_best_from_round=start, **best_over_rounds(evals))
         return out

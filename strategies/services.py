@@ -24,6 +24,20 @@ if TYPE_CHECKING:
 
 TemplateFn = Callable[[Message], Mapping[str, ArrayRecord]]
 
+#: The phase of a training round's record in the main phase; a protocol that trains rounds after
+#: it logs them under ``training_phase(<its name>)``.
+TRAIN_PHASE = "train"
+
+
+def training_phase(protocol: str) -> str:
+    """The record phase of the training rounds that ``protocol`` runs after the main phase."""
+    return f"{protocol}-{TRAIN_PHASE}"
+
+
+def is_training_record(record: Mapping) -> bool:
+    """Whether ``record`` is a training round's record, of the main phase or of a protocol's."""
+    return record["phase"] == TRAIN_PHASE or record["phase"].endswith(f"-{TRAIN_PHASE}")
+
 
 class Services(Protocol):
     """What a running experiment offers to its algorithm's hooks and to the paper protocols."""
