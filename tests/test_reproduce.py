@@ -230,6 +230,47 @@ def test_reproduce_runs_each_cell_and_seed_once_and_resumes(tiny, tmp_path, caps
     assert "| A | accuracy |" in md and " | 2 | 50.00 |" in md and "| B | accuracy | not run | 0 |" in md
 
 
+def test_a_fresh_clone_continues_a_table_from_the_runs_git_keeps(tiny, tmp_path, capsys):
+    """Of a committed table folder git keeps each run's summary.json and config.yaml only; a fresh
+    clone runs none of those cells again and rebuilds the table from them and its new runs."""
+    out = tmp_path / "out"
+    table = load_table("tiny")
+    assert reproduce(table, "cpu", [0], ["a"], out) == 0
+    seed0 = run_folder(out, Job(table.cells["a"], 0))
+    kept = {name: (seed0 / name).read_bytes() for name in ("summary.json", "config.yaml")}
+    clone = tmp_path / "clone"
+    for name, data in kept.items():
+        (clone / "runs" / "a" / "seed0").mkdir(parents=True, exist_ok=True)
+        (clone / "runs" / "a" / "seed0" / name).write_bytes(data)
+    (clone / "reproduce.json").write_bytes((out / "reproduce.json").read_bytes())
+    capsys.readouterr()
+    assert reproduce(table, "cpu", [0, 1], ["a"], clone) == 0
+    assert "1 already completed, 1 to run" in capsys.readouterr().out
+    assert (clone / "runs" / "a" / "seed0" / "summary.json").read_bytes() == kept["summary.json"]
+    assert " | 2 | 50.00 |" in (clone / "table.md").read_text()
+
+
+def test_git_keeps_the_summary_and_config_of_each_reproduction_run_and_nothing_else(tmp_path):
+    import shutil
+    import subprocess
+
+    repo = tmp_path / "repo"
+    (repo / "docs" / "reproduction").mkdir(parents=True)
+    shutil.copy(Path(__file__).parents[1] / "docs" / "reproduction" / ".gitignore", repo / "docs" / "reproduction")
+    files = ["t/table.md", "t/reproduce.json", "t/runs/a/seed0.log", "t/runs/a/seed0/summary.json",
+             "t/runs/a/seed0/config.yaml", "t/runs/a/seed0/metrics.jsonl", "t/runs/a/seed0/checkpoint/r/server.pt",
+             "t/runs/a/seed0/wandb/run.wandb", "t/runs/a/seed0.old-20261123-120000/summary.json"]
+    for name in files:
+        (repo / "docs" / "reproduction" / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / "docs" / "reproduction" / name).write_text("x")
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    listed = subprocess.run(["git", "ls-files", "--others", "--exclude-standard"], cwd=repo, check=True,
+                            capture_output=True, text=True).stdout.split()
+    assert sorted(listed) == ["docs/reproduction/.gitignore", "docs/reproduction/t/reproduce.json",
+                              "docs/reproduction/t/runs/a/seed0/config.yaml",
+                              "docs/reproduction/t/runs/a/seed0/summary.json", "docs/reproduction/t/table.md"]
+
+
 def test_sigterm_stops_the_running_cell_and_leaves_no_process(tmp_path):
     """SIGTERM to ``flrep reproduce`` stops its ``flrep run`` child (and that child's engine) and
     exits 130; the same command later starts the cell again."""
