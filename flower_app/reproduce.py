@@ -254,7 +254,7 @@ def rows(table: Table, done: dict[str, dict[int, dict]]) -> list[dict]:
     for cell in table.cells.values():
         summaries = done.get(cell.name, {})
         walls = [s["wall_time_s"] for s in summaries.values() if isinstance(s.get("wall_time_s"), (int, float))]
-        for col in table.columns.values():
+        for col in (table.columns[c] for c in cell.columns):
             values = cell_values(table, cell.name, summaries, col.name)
             mean = statistics.fmean(values.values()) if values else None
             std = statistics.stdev(values.values()) if len(values) > 1 else (0.0 if values else None)
@@ -262,12 +262,24 @@ def rows(table: Table, done: dict[str, dict[int, dict]]) -> list[dict]:
             diff = mean - paper if mean is not None and paper is not None else None
             within = (abs(diff) <= table.tolerance if diff is not None and table.tolerance is not None and col.percent
                       else None)
+            half = ci95_half_width(std, len(values)) if diff is not None else None
             metric = f"{col.label} (`{cell.keys[col.name]}`)" if col.name in cell.keys else col.label
             out.append({"cell": cell.name, "label": cell.label, "column": col.name, "metric": metric,
                         "runs": len(summaries), "n": len(values), "mean": mean, "std": std, "seeds": sorted(values),
                         "paper": paper, "difference": diff, "within_tolerance": within,
+                        "ci95": half, "paper_in_ci95": None if half is None else abs(diff) <= half,
                         "wall_s_per_seed": statistics.fmean(walls) if walls else None})
     return out
+
+
+def ci95_half_width(std: float | None, n: int) -> float | None:
+    """Half-width of the 95% Student-t interval of a mean of ``n`` values with sample std ``std``
+    (None below two values)."""
+    if std is None or n < 2:
+        return None
+    from scipy.stats import t
+
+    return float(t.ppf(0.975, n - 1)) * std / n**0.5
 
 
 def claim_results(table: Table, done: dict[str, dict[int, dict]]) -> list[dict]:
@@ -322,14 +334,17 @@ def markdown(table: Table, scale: str, manifest: dict, table_rows: list[dict], c
     beyond = [r for r in table_rows if r["within_tolerance"] is False]
     if beyond:
         lines.append(f"**Differences beyond {tol:g} points**: " + "; ".join(
-            f"{r['label']} {r['metric']} {r['difference']:+.2f}" for r in beyond) + ". Why: see the notes.")
+            f"{r['label']} {r['metric']} {r['difference']:+.2f}"
+            + {True: " (the paper's number lies inside our 95% interval)",
+               False: " (outside our 95% interval)", None: ""}[r["paper_in_ci95"]]
+            for r in beyond) + ". Why: see the notes.")
         lines.append("")
     for note in table.notes:
         lines.append(f"- {note}")
     if table.notes:
         lines.append("")
     header = "| cell | metric | ours (mean ± std over seeds) | seeds | paper | difference |" + (
-        f" within {tol:g} |" if tol is not None else "") + " wall time per seed |"
+        f" within {tol:g} |" if tol is not None else "") + " paper in our 95% interval | wall time per seed |"
     lines += [header, "|" + "---|" * (header.count("|") - 1)]
     for r in table_rows:
         percent = table.columns[r["column"]].percent
@@ -340,8 +355,14 @@ def markdown(table: Table, scale: str, manifest: dict, table_rows: list[dict], c
         within = {True: "yes", False: "**no**", None: "–"}[r["within_tolerance"]]
         wall = "–" if r["wall_s_per_seed"] is None else f"{r['wall_s_per_seed'] / 60:.1f} min"
         diff = "–" if r["difference"] is None else f"{r['difference']:+.2f}"
+        interval = "–" if r["ci95"] is None else (
+            f"{'yes' if r['paper_in_ci95'] else 'no'} (± {_fmt(r['ci95'], percent)})")
         lines.append(f"| {_cell(r['label'])} | {_cell(r['metric'])} | {ours} | {r['n']} | {_fmt(r['paper'], percent)} | {diff} |"
-                     + (f" {within} |" if tol is not None else "") + f" {wall} |")
+                     + (f" {within} |" if tol is not None else "") + f" {interval} | {wall} |")
+    if any(r["ci95"] is not None for r in table_rows):
+        lines += ["", "*Paper in our 95% interval*: whether the paper's number lies inside the Student-t 95% "
+                  "confidence interval of our mean over seeds (± its half-width); the paper's own run-to-run "
+                  "spread is not counted."]
     if claims:
         lines += ["", "| claim | check | verdict |", "|---|---|---|"]
         for c in claims:
@@ -358,7 +379,7 @@ def _cell(text: str) -> str:
 def _csv(table_rows: list[dict]) -> str:
     buf = io.StringIO()
     fields = ["cell", "label", "column", "metric", "runs", "n", "mean", "std", "paper", "difference", "within_tolerance",
-              "wall_s_per_seed", "seeds"]
+              "ci95", "paper_in_ci95", "wall_s_per_seed", "seeds"]
     writer = csv.DictWriter(buf, fieldnames=fields)
     writer.writeheader()
     for r in table_rows:

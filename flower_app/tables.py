@@ -23,6 +23,7 @@ A table file declares, once, what a paper table reports and how we compute each 
         minutes: {paper: 10, cpu: 5}       # estimated minutes per seed on a 2-core CPU
         at: {cpu: [rounds=40]}             # optional: this cell's own overrides at a scale (after the table's)
         keys: {acc: global_accuracy}       # optional: where this cell's run reports a column under another key
+        columns: [acc]                     # optional: the columns this cell reports (default: all)
     claims:                                # optional pass/fail statements on the cells' values
       - {text: "FedAvg learns col(B*)", cell: fedavg, column: dist, op: "<", value: 0.01}
       - {text: "exact heads beat GD heads", cell: fedrep, column: dist, op: "<", other: gdgd}
@@ -82,6 +83,7 @@ class Cell:
     minutes: dict[str, float]
     at: dict[str, tuple[str, ...]]
     keys: dict[str, str] = field(default_factory=dict)  # column -> the summary key this cell reports it under
+    columns: tuple[str, ...] = ()  # the columns this cell reports (the table's rows for it)
 
     def overrides_at(self, table: Table, scale: str) -> list[str]:
         """The cell's overrides at ``scale``: its own, the table's scale's, the cell's at that scale."""
@@ -183,11 +185,17 @@ def _parse(name: str, raw: Any, path: Path) -> Table:
         if not isinstance(keys, dict) or set(keys) - set(columns) or not all(isinstance(k, str) for k in keys.values()):
             raise ConfigError(f"{path}: {where}keys is {keys!r}; expected summary keys under columns "
                               f"({', '.join(columns)})")
+        reported = spec.get("columns", list(columns))
+        if (not isinstance(reported, list) or not reported or set(reported) - set(columns)
+                or set(paper) - set(reported) or set(keys) - set(reported)):
+            raise ConfigError(f"{path}: {where}columns is {reported!r}; expected a non-empty list of columns "
+                              f"({', '.join(columns)}) that holds every column of its paper and keys")
         cells[c] = Cell(c, str(spec.get("label", c)), experiment,
                         tuple(_strings(spec.get("overrides", []), f"{where}overrides", path)),
                         {k: float(v) for k, v in paper.items() if v is not None},
                         {k: float(v) for k, v in minutes.items()},
-                        {s: tuple(_strings(v, f"{where}at.{s}", path)) for s, v in at.items()}, dict(keys))
+                        {s: tuple(_strings(v, f"{where}at.{s}", path)) for s, v in at.items()}, dict(keys),
+                        tuple(c for c in columns if c in reported))
     claims = []
     for i, spec in enumerate(raw.get("claims") or []):
         where = f"claims[{i}]."
@@ -199,6 +207,10 @@ def _parse(name: str, raw: Any, path: Path) -> Table:
         if claim.column not in columns or claim.op not in OPS or (claim.value is None) == (claim.other is None):
             raise ConfigError(f"{path}: {where} needs a column of {list(columns)}, op one of {list(OPS)} and "
                               "exactly one of value / other")
+        for cell in (claim.cell, claim.other):
+            if cell is not None and claim.column not in cells[cell].columns:
+                raise ConfigError(f"{path}: {where} reads column {claim.column!r} of cell {cell!r}, which reports "
+                                  f"only {', '.join(cells[cell].columns)}")
         claims.append(claim)
     tolerance = raw.get("tolerance", 1.5)
     revision = raw.get("revision", 1)

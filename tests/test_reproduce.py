@@ -57,6 +57,10 @@ def test_every_shipped_table_loads_and_every_cell_config_is_valid(name, tmp_path
     (("op: \">\", value: 60", "op: \"=>\", value: 60"), "op one of"),
     (("minutes: {cpu: 0.3}}", "minutes: {cpu: 0.3}, keys: {accuracy: global_accuracy}}"),
      "cells.a.keys is {'accuracy': 'global_accuracy'}; expected summary keys under columns (acc, steps)"),
+    (("minutes: {cpu: 0.3}}", "minutes: {cpu: 0.3}, columns: [steps]}"),
+     "cells.a.columns is ['steps']; expected a non-empty list of columns (acc, steps) that holds every column"),
+    (("paper: {acc: 90.0}}", "paper: {}, columns: [steps]}"),
+     "claims[0]. reads column 'acc' of cell 'b', which reports only steps"),
 ])
 def test_a_bad_table_file_names_the_file_and_key(tiny, edit, message):
     (tiny / "tiny.yaml").write_text(TINY.replace(*edit))
@@ -171,15 +175,30 @@ def test_the_report_gives_mean_std_paper_difference_and_claims(tiny, tmp_path):
         "machine": {"processor": "x86_64", "cpu_count": 2, "cuda": None}}}}
     write_report(table, "cpu", tmp_path, manifest)
     md = (tmp_path / "table.md").read_text()
-    assert "| A | accuracy | 52.00 ± 2.00 | 3 | 50.00 | +2.00 | **no** | 1.0 min |" in md
-    assert "| B | accuracy | 80.00 | 1 | 90.00 | -10.00 | **no** |" in md
+    # 95% t-interval of the mean of 50, 52, 54: t(0.975, 2) = 4.303 × 2 / sqrt(3) = 4.97: the paper's 50 is inside
+    assert "| A | accuracy | 52.00 ± 2.00 | 3 | 50.00 | +2.00 | **no** | yes (± 4.97) | 1.0 min |" in md
+    assert "| B | accuracy | 80.00 | 1 | 90.00 | -10.00 | **no** | – |" in md  # one seed: no interval
     assert "| A | steps | n/a (not reported) |" in md
-    assert "**Differences beyond 1.5 points**: A accuracy +2.00; B accuracy -10.00" in md
+    assert ("**Differences beyond 1.5 points**: A accuracy +2.00 (the paper's number lies inside our 95% interval); "
+            "B accuracy -10.00. Why") in md
     assert "| B beats A | `b.acc > a.acc` | holds (1/1 seeds) |" in md  # only the seeds both cells completed
     assert "| A above 60 | `a.acc > 60` | fails (0/3 seeds) |" in md
     assert "commits abc" in md and (tmp_path / "table.png").is_file()
     rows = (tmp_path / "table.csv").read_text().splitlines()
     assert rows[0].startswith("cell,label,column") and len(rows) == 1 + 4
+
+
+def test_a_cell_reports_only_its_own_columns_and_an_interval_can_exclude_the_paper(tiny, tmp_path):
+    (tiny / "tiny.yaml").write_text(TINY.replace("paper: {acc: 90.0}}", "paper: {acc: 90.0}, columns: [acc]}"))
+    table = load_table("tiny")
+    for seed, acc in enumerate([0.80, 0.81, 0.82]):
+        _fake_run(tmp_path, "b", seed, acc)
+    write_report(table, "cpu", tmp_path, {"table": "tiny", "scale": "cpu", "runs": {}})
+    md = (tmp_path / "table.md").read_text()
+    assert "| B | accuracy | 81.00 ± 1.00 | 3 | 90.00 | -9.00 | **no** | no (± 2.48) |" in md
+    assert "| B | steps |" not in md and "| A | steps | not run |" in md
+    assert "B accuracy -9.00 (outside our 95% interval)" in md
+    assert len((tmp_path / "table.csv").read_text().splitlines()) == 1 + 3
 
 
 def test_a_dotted_column_key_reads_an_entry_of_a_summary_mapping():
