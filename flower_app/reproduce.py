@@ -360,9 +360,9 @@ def markdown(table: Table, scale: str, manifest: dict, table_rows: list[dict], c
         lines.append(f"| {_cell(r['label'])} | {_cell(r['metric'])} | {ours} | {r['n']} | {_fmt(r['paper'], percent)} | {diff} |"
                      + (f" {within} |" if tol is not None else "") + f" {interval} | {wall} |")
     if any(r["ci95"] is not None for r in table_rows):
-        lines += ["", "*Paper in our 95% interval*: whether the paper's number lies inside the Student-t 95% "
-                  "confidence interval of our mean over seeds (± its half-width); the paper's own run-to-run "
-                  "spread is not counted."]
+        lines += ["", ("*Paper in our 95% interval*: whether the paper's number lies inside the Student-t 95% "
+                       "confidence interval of our mean over seeds (± its half-width); the paper's own run-to-run "
+                       "spread is not counted.")]
     if claims:
         lines += ["", "| claim | check | verdict |", "|---|---|---|"]
         for c in claims:
