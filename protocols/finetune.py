@@ -3,7 +3,8 @@ global model on its own data.
 
 Server: sends the final global model to every training client (``train.finetune``) and records
 the mean local test accuracy before and after fine-tuning (and its spread over clients).
-Client: measures its local test accuracy, fine-tunes the head (on body features computed once)
+Client: measures its local test accuracy, fine-tunes the head (on body features computed once,
+or, as the official FedRep code, in train mode on augmented batches: ``finetune.head_features``)
 or the full model (``finetune.part``) for ``finetune.epochs`` epochs, measures again and keeps
 the fine-tuned copy on the client: only metrics go back.
 """
@@ -23,7 +24,7 @@ from strategies import ALGORITHMS
 from strategies.checks import nonnegative, positive, require
 from strategies.common import ARRAYS, CONFIG, NUM_EXAMPLES, ClientRuntime, failure_fields, fmt, reply
 from strategies.services import Services
-from task.learning.engine import train, train_head_on_features
+from task.learning.engine import train, train_head_in_train_mode, train_head_on_features
 from task.learning.metrics import client_spread
 
 SALT = 7919  # keeps fine-tuning shuffles distinct from any training round's
@@ -37,7 +38,10 @@ def finetune(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     optimizer = rt.optimizer(int(rt.cfg.rounds), lr=ft.lr)  # null: the final round's rate
     generator = rt.generator(int(rt.cfg.rounds) + 1, SALT)
     batch = int(rt.cfg.train.batch_size)
-    if ft.part == "head":
+    if ft.part == "head" and ft.head_features == "train_mode":
+        train_head_in_train_mode(rt.model, rt.head, rt.train, optimizer, batch, generator, int(ft.epochs),
+                                 rt.regression, augment=rt.augment)
+    elif ft.part == "head":
         train_head_on_features(rt.model, rt.head, rt.train, optimizer, batch, generator, int(ft.epochs), rt.regression)
     else:
         train(rt.model, rt.train, optimizer, batch, generator, epochs=int(ft.epochs), regression=rt.regression)
@@ -56,6 +60,9 @@ class FineTuneConfig:
     part: Literal["head", "full"] = MISSING
     epochs: int = nonnegative()
     lr: Optional[float] = positive()  # null: the final round's rate
+    # head fine-tuning: on body features computed once, in eval mode without augmentation (``eval``), or
+    # with the whole model in train mode on every (augmented) batch, as the official FedRep code (``train_mode``)
+    head_features: Literal["eval", "train_mode"] = MISSING
 
 
 class FineTuning(PaperProtocol):
@@ -69,6 +76,8 @@ class FineTuning(PaperProtocol):
         supported = [n for n, a in ALGORITHMS.items() if a.supports_finetune]
         require(not cfg.finetune.enabled or cfg.algorithm in supported, "finetune.enabled",
                 f"+FT is available for {', '.join(supported)}, not '{cfg.algorithm}'")
+        require(cfg.finetune.head_features == "eval" or cfg.finetune.part == "head", "finetune.head_features",
+                "train_mode applies to head fine-tuning (finetune.part=head)")
 
     def active(self, services: Services) -> bool:
         return bool(services.cfg.finetune.enabled)

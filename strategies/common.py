@@ -59,6 +59,11 @@ class ClientRuntime:
         """Shuffling generator: a pure function of (seed, round, client, salt)."""
         return seeded_generator(self.cfg.seed, server_round, self.partition_id, salt)
 
+    @property
+    def augment(self) -> str | None:
+        """The configured training augmentation (``train.augment``), None when there is none."""
+        return None if self.cfg.train.augment == "none" else str(self.cfg.train.augment)
+
     def local_training(self, config: ConfigRecord, prox_mu: float = 0.0,
                        params: list[torch.nn.Parameter] | None = None,
                        grad_correction: list[torch.Tensor] | None = None) -> TrainResult:
@@ -84,7 +89,7 @@ class ClientRuntime:
             params=params,
             prox_mu=prox_mu,
             regression=self.regression,
-            augment=None if t.augment == "none" else str(t.augment),
+            augment=self.augment,
             grad_correction=grad_correction,
         )
 

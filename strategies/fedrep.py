@@ -103,8 +103,7 @@ def fit_head(rt: ClientRuntime, server_round: int, salt: int = 0) -> TrainResult
             rt.generator(server_round, salt + 1))
     kwargs = dict(epochs=int(fr.head_epochs), steps=fr.head_steps, regression=rt.regression)
     if fr.head_features == "train_mode":
-        augment = None if rt.cfg.train.augment == "none" else str(rt.cfg.train.augment)
-        return train_head_in_train_mode(*args, **kwargs, augment=augment)
+        return train_head_in_train_mode(*args, **kwargs, augment=rt.augment)
     return train_head_on_features(*args, **kwargs)
 
 

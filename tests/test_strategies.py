@@ -13,6 +13,7 @@ from flower_app.federation import NodeSubset, Traffic, exchange, payload_size
 from strategies import ALGORITHMS
 from strategies.common import ARRAYS, CONFIG, METRICS, ClientRuntime, reply
 from protocols.finetune import finetune
+from task.errors import ConfigError
 from task.learning.engine import TensorData
 from task.learning.models import build_model
 
@@ -112,6 +113,28 @@ def test_finetune_reports_before_and_after_and_moves_only_the_head():
     tuned = rt.state[rt.state_key("finetuned-model")]
     np.testing.assert_array_equal(tuned["fc1.1.weight"].numpy(), arrays["fc1.1.weight"].numpy())
     assert not np.allclose(tuned["fc2.weight"].numpy(), arrays["fc2.weight"].numpy())
+
+
+def finetuned(overrides):
+    """The model after +FT of the runtime's initial model under ``overrides``, and the model it started from."""
+    rt = make_runtime(["algorithm=fedavg", "finetune.enabled=true", "finetune.epochs=5", *overrides])
+    arrays = ArrayRecord(rt.model.state_dict())
+    finetune(rt, RecordDict({ARRAYS: arrays}))
+    assert all(p.requires_grad for p in rt.model.parameters())  # the frozen body is trainable again
+    return rt.state[rt.state_key("finetuned-model")].to_torch_state_dict(), arrays.to_torch_state_dict()
+
+
+def test_finetune_in_train_mode_augments_the_head_batches_and_keeps_the_body():
+    """The official code's head fine-tuning: train-mode passes over augmented batches. Without
+    augmentation (and no dropout) it is the eval-mode feature cache up to rounding; with it, not."""
+    augmented, start = finetuned(["finetune.head_features=train_mode", "train.augment=crop_flip"])
+    cached, _ = finetuned(["train.augment=crop_flip"])  # eval: features of the un-augmented images
+    torch.testing.assert_close(augmented["fc1.1.weight"], start["fc1.1.weight"], rtol=0, atol=0)
+    assert not torch.allclose(augmented["fc2.weight"], cached["fc2.weight"], atol=1e-3)
+    plain, _ = finetuned(["finetune.head_features=train_mode"])
+    torch.testing.assert_close(plain["fc2.weight"], cached["fc2.weight"], rtol=0, atol=1e-6)
+    with pytest.raises(ConfigError, match="finetune.head_features"):
+        load_config("quickstart", ["finetune.head_features=train_mode", "finetune.part=full"])
 
 
 class FakeGrid:
