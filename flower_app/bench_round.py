@@ -30,12 +30,13 @@ def machine() -> dict:
 
 
 def commit() -> str | None:
-    """The checked-out commit of the app, ``+changes`` when tracked files differ from it (None
-    outside a git checkout)."""
+    """The checked-out commit of the app, ``+changes`` when tracked files outside ``docs/`` (the
+    app's code and configs, not the reports runs write there) differ from it (None outside a git
+    checkout)."""
     out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=PROJECT_DIR, capture_output=True, text=True)
     if not out.stdout.strip():
         return None
-    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=PROJECT_DIR, capture_output=True).returncode != 0
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", ".", ":(exclude)docs"], cwd=PROJECT_DIR, capture_output=True).returncode != 0
     return out.stdout.strip() + ("+changes" if dirty else "")
 
 

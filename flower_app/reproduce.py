@@ -136,7 +136,7 @@ def reproduce(table: Table, scale: str, seeds: list[int], only: list[str] | None
     check(table, scale, jobs, out)
     out.mkdir(parents=True, exist_ok=True)
     manifest = load_manifest(out) or {"table": table.name, "scale": scale, "runs": {}}
-    here = {"machine": machine(), "commit": commit()}
+    here = {"machine": machine()}
     for job in jobs:  # a run made with other settings, or by an older revision of the table, is kept aside
         why = stale_reason(table, scale, job, run_folder(out, job), manifest)
         if why:
@@ -158,6 +158,7 @@ def reproduce(table: Table, scale: str, seeds: list[int], only: list[str] | None
         folder.parent.mkdir(parents=True, exist_ok=True)
         # every run left in the folder is of the table's revision now (older ones were moved aside):
         # record it before the run starts, so that an interrupted run keeps it
+        here["commit"] = commit()  # the code this run starts with (a long table may span commits)
         manifest["runs"][job.key] = {"status": "started", "revision": table.revision, "command": cmd[1:],
                                      "date": _now(), **here}
         _save_manifest(out, manifest)

@@ -132,6 +132,19 @@ def test_a_run_made_with_other_settings_is_moved_aside_and_run_again(tiny, tmp_p
     assert json.loads((kept / "summary.json").read_text())["status"] == "completed" and len(ran) == 1
 
 
+def test_each_run_records_the_commit_it_started_with(tiny, tmp_path, monkeypatch):
+    """A long table spans commits: every run's record names the code that run started with."""
+    from flower_app import bench_round
+    from flower_app import reproduce as rep
+
+    commits = iter(["aaa", "bbb+changes"])
+    monkeypatch.setattr(bench_round, "commit", lambda: next(commits))
+    monkeypatch.setattr(rep, "run_child", lambda cmd, log: 1)
+    assert reproduce(load_table("tiny"), "cpu", [0, 1], ["a"], tmp_path) == 1  # the fake child fails
+    runs = json.loads((tmp_path / "reproduce.json").read_text())["runs"]
+    assert (runs["a/seed0"]["commit"], runs["a/seed1"]["commit"]) == ("aaa", "bbb+changes")
+
+
 def test_runs_of_an_older_table_revision_are_moved_aside_and_run_again(tiny, tmp_path, capsys, monkeypatch):
     from flower_app import reproduce as rep
 
