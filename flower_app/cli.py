@@ -381,7 +381,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         from flower_app.reproduce import reproduce
 
         return reproduce(load_table(args.table), args.scale, list(args.seeds), args.only,
-                         Path(args.out).expanduser().resolve())
+                         Path(args.out).expanduser().resolve(), args.set or [])
     except ConfigError as err:
         print(f"flrep: configuration error: {err}", file=sys.stderr)
         return 2
@@ -493,6 +493,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="paper: the paper's setting; cpu: the table's declared reduction (default)")
     rep.add_argument("--only", nargs="+", metavar="CELL", help="run only these cells")
     rep.add_argument("--out", help="output directory (runs, table.md, table.csv, table.png)")
+    rep.add_argument("--set", nargs="+", metavar="KEY=VALUE",
+                     help="machine settings for every run (simulation.*, client_state.*, wandb.*), "
+                          "e.g. simulation.client_gpus=0.1 on a GPU")
     rep.add_argument("--list", action="store_true", help="list the tables and their estimated cost on a 2-core CPU")
     rep.set_defaults(func=_cmd_reproduce)
     syn = sub.add_parser("lg-synthetic", help="LG-FedAvg Fig. 2/4: local, global and interpolated linear models")

@@ -28,6 +28,7 @@ from flower_app.tables import Cell, Table
 from task.errors import ConfigError
 
 MANIFEST = "reproduce.json"
+MACHINE_SECTIONS = ("simulation", "client_state", "wandb")  # settings that place a run, never change its numbers
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,18 @@ def plan(table: Table, seeds: list[int], only: list[str] | None) -> list[Job]:
     return [Job(cell, seed) for cell in cells for seed in seeds]
 
 
-def check(table: Table, scale: str, jobs: list[Job], out: Path) -> None:
+def machine_settings(settings: list[str]) -> list[str]:
+    """``--set`` overrides, refused unless each is ``KEY=VALUE`` under a section that only places a
+    run on this machine (GPU share, state folder, tracking), so a table never mixes settings."""
+    for item in settings:
+        key = item.split("=", 1)[0].strip()
+        if "=" not in item or key.split(".", 1)[0] not in MACHINE_SECTIONS:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE with KEY under {', '.join(MACHINE_SECTIONS)} "
+                              "(settings that change results belong in the table's cells)")
+    return list(settings)
+
+
+def check(table: Table, scale: str, jobs: list[Job], out: Path, settings: list[str] = ()) -> None:
     """Every check before anything runs or is written: the output folder belongs to this table
     and scale, and every cell's configuration loads."""
     from flower_app.config import load_variants
@@ -66,7 +78,7 @@ def check(table: Table, scale: str, jobs: list[Job], out: Path) -> None:
                           f"{manifest['scale']!r}, not {table.name!r} at {scale!r}; choose another --out")
     for cell in {job.cell.name: job.cell for job in jobs}.values():
         try:
-            load_variants(cell.experiment, [*cell.overrides_at(table, scale), "compare=[]"])
+            load_variants(cell.experiment, [*cell.overrides_at(table, scale), *machine_settings(settings), "compare=[]"])
         except ConfigError as err:
             raise ConfigError(f"table {table.name!r}, cell {cell.name!r} ({cell.experiment}): {err}") from None
 
@@ -119,21 +131,23 @@ def load_manifest(out: Path) -> dict | None:
         raise ConfigError(f"{path}: unreadable ({err}); move it away or choose another --out") from None
 
 
-def command(table: Table, scale: str, job: Job, folder: Path) -> list[str]:
+def command(table: Table, scale: str, job: Job, folder: Path, settings: list[str] = ()) -> list[str]:
     """The ``flrep run`` command line of ``job``: resume a checkpointed run, else start it."""
     args = [sys.executable, "-m", "flower_app.cli", "run", job.cell.experiment,
-            *job.cell.overrides_at(table, scale), f"seed={job.seed}", "compare=[]"]
+            *job.cell.overrides_at(table, scale), f"seed={job.seed}", "compare=[]", *settings]
     if (checkpoint.checkpoint_dir(folder) / checkpoint.SERVER_FILE).is_file():
         return [*args, f"resume={folder}"]
     return [*args, "--out", str(folder), *(["--force"] if folder.exists() else [])]
 
 
-def reproduce(table: Table, scale: str, seeds: list[int], only: list[str] | None, out: Path) -> int:
-    """Run the table's missing runs and write its report; the exit code (1 if a run failed)."""
+def reproduce(table: Table, scale: str, seeds: list[int], only: list[str] | None, out: Path,
+              settings: list[str] = ()) -> int:
+    """Run the table's missing runs and write its report; the exit code (1 if a run failed).
+    ``settings``: machine-only overrides (``--set``) added to every run."""
     from flower_app.bench_round import commit, machine
 
     jobs = plan(table, seeds, only)
-    check(table, scale, jobs, out)
+    check(table, scale, jobs, out, settings)
     out.mkdir(parents=True, exist_ok=True)
     manifest = load_manifest(out) or {"table": table.name, "scale": scale, "runs": {}}
     here = {"machine": machine()}
@@ -154,7 +168,7 @@ def reproduce(table: Table, scale: str, seeds: list[int], only: list[str] | None
         pace = spent / 60 / estimated_done if estimated_done > 0 else 1.0
         print(f"[reproduce] run {i + 1}/{len(todo)}: {job.key} ({job.cell.label}) | elapsed "
               f"{_minutes((time.monotonic() - started) / 60)} | ETA {_minutes(left * pace)}", flush=True)
-        cmd = command(table, scale, job, folder)
+        cmd = command(table, scale, job, folder, settings)
         folder.parent.mkdir(parents=True, exist_ok=True)
         # every run left in the folder is of the table's revision now (older ones were moved aside):
         # record it before the run starts, so that an interrupted run keeps it

@@ -96,6 +96,19 @@ def test_a_checkpointed_run_is_resumed_and_a_started_one_moved_aside(tiny, tmp_p
     assert command(table, "cpu", job, folder)[-1] == f"resume={folder}"
 
 
+def test_machine_settings_reach_every_run_and_result_settings_are_refused(tiny, tmp_path, capsys):
+    table = load_table("tiny")
+    job = Job(table.cells["a"], 0)
+    cmd = command(table, "cpu", job, run_folder(tmp_path, job), ["simulation.client_gpus=0.1"])
+    assert "simulation.client_gpus=0.1" in cmd and "rounds=2" in cmd
+    out = tmp_path / "out"
+    for bad in ("rounds=3", "train.lr=0.5", "simulation.client_gpus"):
+        assert flrep(["reproduce", "tiny", "--set", bad, "--out", str(out)]) == 2
+        assert f"--set {bad!r}" in capsys.readouterr().err
+    assert flrep(["reproduce", "tiny", "--set", "simulation.nope=1", "--out", str(out)]) == 2
+    assert "simulation.nope" in capsys.readouterr().err and not out.exists()
+
+
 def _fake_run(out: Path, cell: str, seed: int, acc: float | None, status: str = "completed") -> None:
     folder = out / "runs" / cell / f"seed{seed}"
     folder.mkdir(parents=True)
