@@ -292,7 +292,7 @@ class Experiment:
             last = self.strategy.last_round(rounds)
             bar.advance(self.round_line(t, last, train_record, eval_record,
                                         (time.monotonic() - loop_start) / (t - first_round + 1)))
-            if not self.main_done and t >= last:
+            if not self.main_done and (t >= last or self.already_failed(rounds)):
                 self.last_main_round, self.main_done = t, True
             with self.timer.phase("round: checkpoint"):
                 self.save_checkpoint(t, fed)
@@ -407,6 +407,18 @@ class Experiment:
             return None
         return (f"its final {key.replace('_', ' ')} {summary[key]:.4f} is no better than always predicting the most "
                 f"frequent class of its test labels ({majority:.4f}): the run learned nothing")
+
+    def already_failed(self, rounds: int) -> bool:
+        """Whether more training rounds were skipped than ``faults.max_skipped_fraction`` allows
+        of the whole run: it has failed whatever follows (a diverged model's every reply is
+        rejected), so it stops now instead of skipping its remaining rounds (logged)."""
+        skipped = sum(1 for r in self.recorder.records if r["phase"] == TRAIN_PHASE and r.get("skipped"))
+        limit = float(self.cfg.faults.max_skipped_fraction)
+        if skipped <= limit * rounds:
+            return False
+        log(ERROR, "[flrep] %d of the run's %d training rounds were skipped, more than faults.max_skipped_fraction="
+            "%g allows: the run has failed; stopping now", skipped, rounds, limit)
+        return True
 
     def failure_reason(self, trains: list[dict]) -> str | None:
         """Why the run learned nothing worth reporting: too many of its training rounds were

@@ -3,6 +3,7 @@ the key or file) and leaves every existing file as it was; a run that learned no
 failed. The finished run they are tried against is a real one (in-process, one round)."""
 
 import hashlib
+import json
 import os
 import shutil
 import time
@@ -172,6 +173,19 @@ def test_a_run_whose_rounds_were_all_skipped_ends_failed(tmp_path):
 
     grid = LocalGrid(4, {"experiment": "quickstart", "overrides": overrides}, corrupt={p: nan_loss for p in range(4)})
     summary = Experiment(grid, load_config("quickstart", overrides.split())).run()
+    assert summary["status"] == "failed" and "2 of 2 training rounds were skipped" in summary["failure_reason"]
+    assert _outcome(tmp_path, None) == 1
+
+
+def test_a_run_stops_once_too_many_rounds_were_skipped_for_it_to_succeed(tmp_path):
+    overrides = " ".join([*TINY, "rounds=6", "faults.max_skipped_fraction=0.3", f"out_dir={tmp_path}"])
+    def nan_loss(content):  # every training reply is rejected, as a diverged model's are
+        content["metrics"]["train_loss"] = float("nan")
+
+    grid = LocalGrid(4, {"experiment": "quickstart", "overrides": overrides}, corrupt={p: nan_loss for p in range(4)})
+    summary = Experiment(grid, load_config("quickstart", overrides.split())).run()
+    trains = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in trains if r["phase"] == "train"] == [1, 2]  # 2 > 0.3 x 6: rounds 3-6 never ran
     assert summary["status"] == "failed" and "2 of 2 training rounds were skipped" in summary["failure_reason"]
     assert _outcome(tmp_path, None) == 1
 
