@@ -1,5 +1,5 @@
-"""+FT (FedAvg+FT, FedProx+FT, SCAFFOLD+FT): after training, each client fine-tunes the final
-global model on its own data.
+"""+FT (FedAvg+FT, FedProx+FT, SCAFFOLD+FT; FedPer and FedRep from each client's own head): after
+training, each client fine-tunes the final model on its own data.
 
 Server: sends the final global model to every training client (``train.finetune``) and records
 the mean local test accuracy before and after fine-tuning (and its spread over clients).
@@ -31,8 +31,12 @@ SALT = 7919  # keeps fine-tuning shuffles distinct from any training round's
 
 
 def finetune(rt: ClientRuntime, content: RecordDict) -> RecordDict:
-    """Fine-tune the received model; report local test accuracy before and after."""
+    """Fine-tune the received model (with the client's own part, where its algorithm keeps one);
+    report local test accuracy before and after."""
     rt.load(content[ARRAYS])
+    load_personal = ALGORITHMS[rt.cfg.algorithm].load_personal
+    if load_personal is not None:
+        load_personal(rt)
     ft = rt.cfg.finetune
     before = rt.evaluate_local()
     optimizer = rt.optimizer(int(rt.cfg.rounds), lr=ft.lr)  # null: the final round's rate

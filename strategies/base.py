@@ -232,6 +232,8 @@ class Algorithm:
     - ``check_model``: rules that need the data and the built model.
     - ``server_opts``: the values of ``server_opt.name`` it accepts (``none``: no server optimizer).
     - ``supports_finetune``: whether ``finetune.enabled`` (+FT) applies.
+    - ``load_personal``: what a client puts over the received global arrays before +FT (FedPer,
+      FedRep: its own head, as the official FedRep code's final round); None: nothing.
     - ``local_representation``: whether clients keep a local representation (fair adversarial training needs one).
     - ``snapshot_after``: message types after which the client's state is snapshotted (resume).
 
@@ -250,6 +252,7 @@ class Algorithm:
     check_model: Callable[[DictConfig, Any, SplitModel], None] | None = None
     server_opts: tuple[str, ...] = ("none",)
     supports_finetune: bool = False
+    load_personal: Callable[[ClientRuntime], object] | None = None
     local_representation: bool = False
     snapshot_after: frozenset[str] = field(default_factory=lambda: frozenset({"train", "evaluate"}))
 

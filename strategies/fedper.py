@@ -32,4 +32,6 @@ ALGORITHM = register(Algorithm(
     shared_keys=body_keys,
     check=check,
     check_model=check_model,
+    supports_finetune=True,
+    load_personal=load_own_head,
 ))

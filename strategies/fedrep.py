@@ -182,4 +182,6 @@ ALGORITHM = register(Algorithm(
     config=FedRepConfig,
     check=check,
     check_model=check_model,
+    supports_finetune=True,
+    load_personal=load_own_head,
 ))

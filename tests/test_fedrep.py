@@ -264,7 +264,7 @@ def test_exact_solver_needs_regression_and_orthonormalize_needs_the_linear_model
     with pytest.raises(ConfigError, match="server_opt.name"):
         load_config("quickstart", ["server_opt.name=fedavgm"])
     with pytest.raises(ConfigError, match=r"compare\[0\].*finetune.enabled"):  # caught before any variant runs
-        load_variants("quickstart", ["compare=['algorithm=fedper finetune.enabled=true']"])
+        load_variants("quickstart", ["compare=['algorithm=lg_fedavg finetune.enabled=true']"])
 
 
 def test_variants_need_distinct_labels_and_report_the_bad_entry():
@@ -336,3 +336,25 @@ def test_new_client_classes_are_validated():
         validate_with_data(load_config("quickstart", ["data.num_new_clients=2", "data.new_client_classes=[3,42]"]))
     with pytest.raises(ConfigError, match="data.num_new_clients"):
         validate_with_data(load_config("quickstart", ["data.new_client_classes=[3]"]))
+
+
+@pytest.mark.parametrize("algorithm", ["fedper", "fedrep"])
+def test_finetune_starts_from_the_clients_own_head_and_moves_only_it(algorithm):
+    from protocols.finetune import finetune
+
+    rt = make_runtime(algorithm, ["finetune.enabled=true", "finetune.epochs=5"])
+    with torch.no_grad():  # the client's own head differs from the global model's
+        rt.model.fc2.weight.add_(torch.randn_like(rt.model.fc2.weight))
+    fedrep.keep_head(rt)
+    own_head = rt.model.fc2.weight.clone()
+    rt.reset_model()
+    global_arrays = ArrayRecord(rt.model.state_dict())
+    start = global_arrays.to_torch_state_dict()
+    assert not torch.equal(start["fc2.weight"], own_head)
+    config = ConfigRecord({"server-round": 1})
+    personalized = ALGORITHMS[algorithm].handlers["evaluate"](rt, RecordDict({ARRAYS: global_arrays, CONFIG: config}))
+    out = finetune(rt, RecordDict({ARRAYS: global_arrays}))[METRICS]
+    assert out["accuracy_before"] == pytest.approx(personalized[METRICS]["accuracy"])  # own head, not the global one
+    tuned = rt.state[rt.state_key("finetuned-model")].to_torch_state_dict()
+    assert torch.equal(tuned["fc1.1.weight"], start["fc1.1.weight"])  # the body stays
+    assert not torch.equal(tuned["fc2.weight"], own_head)  # the head trained from the client's own
