@@ -108,7 +108,10 @@ def plot_table(table, table_rows: list[dict], path: Path) -> None:
     width = max(5.0, 1.2 * len(table.cells))
     ncols = min(2, len(columns))
     nrows = math.ceil(len(columns) / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, 4.5 * nrows), squeeze=False, layout="constrained")
+    labels = {cell.label: textwrap.fill(cell.label, 32) for cell in table.cells.values()}
+    label_lines = max((label.count("\n") + 1 for label in labels.values()), default=1)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, (3.5 + 0.5 * label_lines) * nrows), squeeze=False,
+                             layout="constrained")
     for ax in axes.flat[len(columns):]:
         ax.set_visible(False)
     for ax, col in zip(axes.flat, columns):
@@ -121,7 +124,7 @@ def plot_table(table, table_rows: list[dict], path: Path) -> None:
         paper = [(i + 0.2, r["paper"]) for i, r in zip(x, mine) if r["paper"] is not None]
         if paper:
             ax.bar(*zip(*paper), width=0.4, color="tab:gray", label="paper")
-        ax.set_xticks(list(x), [r["label"] for r in mine], rotation=30, ha="right")
+        ax.set_xticks(list(x), [labels.get(r["label"], r["label"]) for r in mine], rotation=30, ha="right", fontsize=8)
         ax.set_title(textwrap.fill(col.label, int(width * 9)), fontsize=9)
         ax.set_ylabel("%" if col.percent else col.name)
         means = [r["mean"] for r in mine if r["mean"] is not None]
