@@ -374,7 +374,8 @@ class Experiment:
             summary.update(protocol.summary(records, self.services))
         summary.update(self.strategy.summary_extra(records))
         reason = (self.failure_reason(trains) or self.strategy.run_failure(self.last_round_run)
-                  or self.no_final_metric(summary, final("global_loss")) or self.no_better_than_chance(summary))
+                  or self.no_final_metric(summary, final("global_loss")) or self.no_better_than_chance(summary)
+                  or next(filter(None, (p.run_failure(summary, self.services) for p in self.protocols)), None))
         if reason is not None:
             summary.update(status="failed", failure_reason=reason)
         return summary

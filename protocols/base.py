@@ -57,3 +57,7 @@ class PaperProtocol:
     def summary(self, records: list[dict], services: Services) -> dict:
         """Summary keys of this protocol."""
         return {}
+
+    def run_failure(self, summary: dict, services: Services) -> str | None:
+        """Why the run failed by this protocol's own results (e.g. its phase learned nothing); None if it did not."""
+        return None

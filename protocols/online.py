@@ -2,7 +2,8 @@
 joins for ``online.rounds`` rounds, each with a fraction ``online.fraction`` of the original
 devices; every evaluated round records the accuracy on normal data (mean over the original
 devices' local tests) and on the device's rotated test set. ``online.start_accuracy`` ends the
-main phase at the first evaluated round whose global accuracy reaches it.
+main phase at the first evaluated round whose global accuracy reaches it. A run whose online
+training loss ends no lower than in its first online round has failed (diverged or learned nothing).
 """
 
 from __future__ import annotations
@@ -90,7 +91,21 @@ class OnlineDevice(PaperProtocol):
             return {}
         last, window = online[-1]["round"], int(services.cfg.eval.final_window)
         out = {"online_start_round": services.last_main_round, "online_rounds": online[-1]["online_round"]}
+        losses = [r["train_loss"] for r in records
+                  if r["phase"] == training_phase("online") and r.get("train_loss") is not None]
+        if len(losses) > 1:
+            out.update(online_train_loss_first=losses[0],
+                       online_train_loss_final=float(np.mean(losses[-int(services.cfg.eval.final_window):])))
         for key in ("normal_accuracy", "rotated_accuracy", "global_accuracy"):
             out[f"online_{key}"] = final_window_mean([r["round"] for r in online], [r.get(key) for r in online],
                                                      last, window)
         return out
+
+    def run_failure(self, summary: dict, services: Services) -> str | None:
+        """The online phase learned nothing: its training loss ended (mean of the final window) no lower
+        than in its first round, as when the device's training diverges and collapses."""
+        first, final = summary.get("online_train_loss_first"), summary.get("online_train_loss_final")
+        if first is None or final is None or final < first:
+            return None
+        return (f"its online training loss ended at {final:.4f} (mean of the final window), no lower than in its first "
+                f"online round ({first:.4f}): the online phase diverged or learned nothing")

@@ -9,6 +9,7 @@ from flwr.app import ConfigRecord, RecordDict
 
 from flower_app.config import load_config, load_variants
 from flower_app.server_app import run_variants
+from protocols.online import OnlineDevice
 from strategies.common import ARRAYS, ClientRuntime
 from strategies.lg_fedavg import LOCAL_STATE, global_keys, local_keys
 from strategies.state_store import keep_arrays, kept_arrays
@@ -247,6 +248,24 @@ def test_online_device_joins_after_the_goal_with_rotated_data(tmp_path):
     assert all(online_node not in nodes for t, nodes in trained.items() if t <= start)
     assert all(online_node in nodes and len(nodes) == 3 for t, nodes in trained.items() if t > start)  # device + 2
     assert 0 <= summary["online_rotated_accuracy"] <= 1 and 0.3 < summary["online_normal_accuracy"] <= 1
+
+
+def test_an_online_phase_whose_training_diverges_fails(tmp_path, monkeypatch):
+    # LG-FedAvg Table 3 once ended with the device's training collapsed (online loss 2.22 in its first round,
+    # 2.29 at the end; 18.6% normal, 16.0% rotated accuracy) and said "completed".
+    summary_of = OnlineDevice.summary
+
+    def diverged(self, records, services):
+        out = summary_of(self, records, services)
+        return out | {"online_train_loss_final": out["online_train_loss_first"] + 0.1}
+
+    _, summary = online_lg(tmp_path, "lg.goal_accuracy=0.5")
+    assert summary["online_train_loss_final"] < summary["online_train_loss_first"]  # a sound run learns
+    monkeypatch.setattr(OnlineDevice, "summary", diverged)
+    _, summary = online_lg(tmp_path / "diverged", "lg.goal_accuracy=0.5")
+    assert summary["status"] == "failed"
+    assert "online training loss ended at" in summary["failure_reason"]
+    assert "no lower than in its first online round" in summary["failure_reason"]
 
 
 def test_rotated_device_holds_rotated_copies():
