@@ -244,15 +244,23 @@ def _minutes(m: float) -> str:
 # -- the report -------------------------------------------------------------------------------
 
 
-def collect(table: Table, out: Path) -> dict[str, dict[int, dict]]:
-    """cell -> seed -> summary of every completed run in ``out``."""
+def collect(table: Table, scale: str, out: Path, manifest: dict) -> tuple[dict[str, dict[int, dict]], list[str]]:
+    """cell -> seed -> summary of every completed run in ``out`` that still belongs to its cell, and
+    the completed runs left out (made with other settings or under an older revision), with why."""
     done: dict[str, dict[int, dict]] = {}
+    left_out = []
     for cell in table.cells:
         for folder in sorted((out / "runs" / cell).glob("seed*")):
             summary = read_summary(folder)
-            if folder.is_dir() and folder.name[4:].isdigit() and summary and summary.get("status") == "completed":
-                done.setdefault(cell, {})[int(folder.name[4:])] = summary
-    return done
+            if not (folder.is_dir() and folder.name[4:].isdigit() and summary and summary.get("status") == "completed"):
+                continue
+            job = Job(table.cells[cell], int(folder.name[4:]))
+            why = stale_reason(table, scale, job, folder, manifest)
+            if why:
+                left_out.append(f"{job.key} {why}")
+            else:
+                done.setdefault(cell, {})[job.seed] = summary
+    return done, left_out
 
 
 def cell_values(table: Table, cell: str, summaries: dict[int, dict], column: str) -> dict[int, float]:
@@ -315,10 +323,10 @@ def claim_results(table: Table, done: dict[str, dict[int, dict]]) -> list[dict]:
 
 def write_report(table: Table, scale: str, out: Path, manifest: dict) -> None:
     """``table.md``, ``table.csv`` and ``table.png`` from every completed run in ``out``."""
-    done = collect(table, out)
+    done, left_out = collect(table, scale, out, manifest)
     table_rows = rows(table, done)
     claims = claim_results(table, done)
-    write_atomic(out / "table.md", lambda tmp: Path(tmp).write_text(markdown(table, scale, manifest, table_rows, claims)))
+    write_atomic(out / "table.md", lambda tmp: Path(tmp).write_text(markdown(table, scale, manifest, table_rows, claims, left_out)))
     write_atomic(out / "table.csv", lambda tmp: Path(tmp).write_text(_csv(table_rows)))
     if any(r["n"] for r in table_rows):
         from flower_app.plots import plot_table
@@ -332,7 +340,8 @@ def _fmt(value: float | None, percent: bool) -> str:
     return f"{value:.2f}" if percent else f"{value:.3g}"
 
 
-def markdown(table: Table, scale: str, manifest: dict, table_rows: list[dict], claims: list[dict]) -> str:
+def markdown(table: Table, scale: str, manifest: dict, table_rows: list[dict], claims: list[dict],
+             left_out: list[str]) -> str:
     """The generated table with its header: setting, machine, commits, differences."""
     runs = {k: r for k, r in manifest.get("runs", {}).items() if r["status"] != "started"}
     machines = sorted({f"{r['machine'].get('processor')} × {r['machine'].get('cpu_count')} CPUs"
@@ -345,6 +354,9 @@ def markdown(table: Table, scale: str, manifest: dict, table_rows: list[dict], c
              f"Runs: {len(runs)} recorded" + (f", {dates[0]} to {dates[-1]}" if dates else "")
              + (f", on {'; '.join(machines)}" if machines else "") + (f", commits {', '.join(commits)}" if commits else "")
              + ".", ""]
+    if left_out:
+        lines += [f"**Not counted** ({len(left_out)} completed runs that no longer belong to their cells; running the "
+                  f"table again replaces them): " + "; ".join(left_out) + ".", ""]
     tol = table.tolerance
     beyond = [r for r in table_rows if r["within_tolerance"] is False]
     if beyond:

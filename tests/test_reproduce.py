@@ -227,6 +227,20 @@ def test_a_cell_reports_only_its_own_columns_and_an_interval_can_exclude_the_pap
     assert len((tmp_path / "table.csv").read_text().splitlines()) == 1 + 3
 
 
+def test_the_report_leaves_out_completed_runs_of_an_older_revision_and_names_them(tiny, tmp_path):
+    (tiny / "tiny.yaml").write_text(TINY + "revision: 2\n")
+    table = load_table("tiny")
+    _fake_run(tmp_path, "a", 0, 0.18)  # e.g. a run that a later check would fail
+    _fake_run(tmp_path, "a", 1, 0.50)
+    write_report(table, "cpu", tmp_path, {"table": "tiny", "scale": "cpu", "runs": {"a/seed1": {
+        "status": "completed", "revision": 2, "date": "2026-11-25T00:00:00+00:00", "commit": "abc",
+        "machine": {"processor": "x86_64", "cpu_count": 2, "cuda": None}}}})
+    md = (tmp_path / "table.md").read_text()
+    assert "| A | accuracy | 50.00 | 1 |" in md
+    assert ("**Not counted** (1 completed runs that no longer belong to their cells; running the table again "
+            "replaces them): a/seed0 was run for revision 1 of the table, which is now at revision 2.") in md
+
+
 def test_a_dotted_column_key_reads_an_entry_of_a_summary_mapping():
     error = tables.Column("err", "newclient_error.20", "error at n = 20", percent=False)
     acc = tables.Column("acc", "personalized_accuracy", "accuracy", percent=True)
