@@ -95,7 +95,7 @@ class OnlineDevice(PaperProtocol):
                   if r["phase"] == training_phase("online") and r.get("train_loss") is not None]
         if len(losses) > 1:
             out.update(online_train_loss_first=losses[0],
-                       online_train_loss_final=float(np.mean(losses[-int(services.cfg.eval.final_window):])))
+                       online_train_loss_final=float(np.mean(losses[-window:])))
         for key in ("normal_accuracy", "rotated_accuracy", "global_accuracy"):
             out[f"online_{key}"] = final_window_mean([r["round"] for r in online], [r.get(key) for r in online],
                                                      last, window)
