@@ -157,6 +157,9 @@ def reproduce(table: Table, scale: str, seeds: list[int], only: list[str] | None
             moved = run_dir.move_aside(run_folder(out, job))
             manifest["runs"].pop(job.key, None)
             print(f"[reproduce] {job.key} {why}: moved to {moved}, to run again", flush=True)
+    for why in missing_runs(table, out, manifest):
+        if why.split(" ", 1)[0] in {j.key for j in jobs}:
+            print(f"[reproduce] {why}: it runs again", flush=True)
     todo = [j for j in jobs if (read_summary(run_folder(out, j)) or {}).get("status") != "completed"]
     print(f"[reproduce] {table.name} at scale {scale!r}: {len(jobs)} runs, {len(jobs) - len(todo)} already "
           f"completed, {len(todo)} to run (estimated {_minutes(sum(j.cell.minutes.get(scale, 0) for j in todo))})",
@@ -244,11 +247,26 @@ def _minutes(m: float) -> str:
 # -- the report -------------------------------------------------------------------------------
 
 
+def missing_runs(table: Table, out: Path, manifest: dict) -> list[str]:
+    """The runs ``manifest`` records as completed whose run folder in ``out`` holds no completed
+    summary (made on another machine, or the folder was moved), each with when it was recorded."""
+    missing = []
+    for key, record in manifest.get("runs", {}).items():
+        cell, _, seed = key.partition("/seed")
+        if record.get("status") != "completed" or cell not in table.cells or not seed.isdigit():
+            continue
+        if (read_summary(out / "runs" / cell / f"seed{seed}") or {}).get("status") != "completed":
+            missing.append(f"{key} was recorded as completed on {str(record.get('date'))[:10]} (commit "
+                           f"{record.get('commit')}) but its run folder is not in {out}")
+    return missing
+
+
 def collect(table: Table, scale: str, out: Path, manifest: dict) -> tuple[dict[str, dict[int, dict]], list[str]]:
     """cell -> seed -> summary of every completed run in ``out`` that still belongs to its cell, and
-    the completed runs left out (made with other settings or under an older revision), with why."""
+    the completed runs left out, with why: made with other settings or under an older revision, or
+    recorded in ``manifest`` but not in ``out``."""
     done: dict[str, dict[int, dict]] = {}
-    left_out = []
+    left_out = missing_runs(table, out, manifest)
     for cell in table.cells:
         for folder in sorted((out / "runs" / cell).glob("seed*")):
             summary = read_summary(folder)
@@ -355,8 +373,8 @@ def markdown(table: Table, scale: str, manifest: dict, table_rows: list[dict], c
              + (f", on {'; '.join(machines)}" if machines else "") + (f", commits {', '.join(commits)}" if commits else "")
              + ".", ""]
     if left_out:
-        lines += [f"**Not counted** ({len(left_out)} completed runs that no longer belong to their cells; running the "
-                  f"table again replaces them): " + "; ".join(left_out) + ".", ""]
+        lines += [f"**Not counted** ({len(left_out)} completed runs; running the table again replaces them): "
+                  + "; ".join(left_out) + ".", ""]
     tol = table.tolerance
     beyond = [r for r in table_rows if r["within_tolerance"] is False]
     if beyond:

@@ -237,8 +237,34 @@ def test_the_report_leaves_out_completed_runs_of_an_older_revision_and_names_the
         "machine": {"processor": "x86_64", "cpu_count": 2, "cuda": None}}}})
     md = (tmp_path / "table.md").read_text()
     assert "| A | accuracy | 50.00 | 1 |" in md
-    assert ("**Not counted** (1 completed runs that no longer belong to their cells; running the table again "
-            "replaces them): a/seed0 was run for revision 1 of the table, which is now at revision 2.") in md
+    assert ("**Not counted** (1 completed runs; running the table again replaces them): a/seed0 was run for "
+            "revision 1 of the table, which is now at revision 2.") in md
+
+
+def test_a_recorded_run_missing_from_the_folder_is_named_not_counted_and_run_again(tiny, tmp_path, capsys,
+                                                                                   monkeypatch):
+    """A table continued where some of its recorded runs are not (made on another machine, the
+    folder moved) does not silently lose them: the header names each, and the command runs it again."""
+    from flower_app import reproduce as rep
+
+    _fake_run(tmp_path, "a", 0, 0.5)
+    record = {"status": "completed", "revision": 1, "date": "2026-11-23T07:00:00+00:00", "commit": "abc",
+              "machine": {"processor": "x86_64", "cpu_count": 2}}
+    (tmp_path / "reproduce.json").write_text(json.dumps({"table": "tiny", "scale": "cpu", "runs": {
+        "a/seed0": record, "a/seed1": record, "b/seed0": {**record, "status": "failed"}}}))
+    ran = []
+    monkeypatch.setattr(rep, "run_child", lambda cmd, log: ran.append(cmd) or 1)
+    assert reproduce(load_table("tiny"), "cpu", [0, 1], ["a"], tmp_path) == 1  # the fake child fails
+    printed = capsys.readouterr().out
+    assert f"a/seed1 was recorded as completed on 2026-11-23 (commit abc) but its run folder is not in {tmp_path}: " \
+           "it runs again" in printed and "a/seed0 was recorded" not in printed and "b/seed0" not in printed
+    assert len(ran) == 1 and "seed=1" in ran[0]
+    write_report(load_table("tiny"), "cpu", tmp_path, {"table": "tiny", "scale": "cpu", "runs": {
+        "a/seed0": record, "a/seed1": record}})
+    md = (tmp_path / "table.md").read_text()
+    assert ("**Not counted** (1 completed runs; running the table again replaces them): a/seed1 was recorded as "
+            f"completed on 2026-11-23 (commit abc) but its run folder is not in {tmp_path}.") in md
+    assert "| A | accuracy | 50.00 | 1 |" in md
 
 
 def test_a_dotted_column_key_reads_an_entry_of_a_summary_mapping():
