@@ -257,7 +257,7 @@ def missing_runs(table: Table, out: Path, manifest: dict) -> list[str]:
             continue
         if (read_summary(out / "runs" / cell / f"seed{seed}") or {}).get("status") != "completed":
             missing.append(f"{key} was recorded as completed on {str(record.get('date'))[:10]} (commit "
-                           f"{record.get('commit')}) but its run folder is not in {out}")
+                           f"{record.get('commit')}) but its folder runs/{key} is missing")
     return missing
 
 

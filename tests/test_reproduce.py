@@ -256,14 +256,14 @@ def test_a_recorded_run_missing_from_the_folder_is_named_not_counted_and_run_aga
     monkeypatch.setattr(rep, "run_child", lambda cmd, log: ran.append(cmd) or 1)
     assert reproduce(load_table("tiny"), "cpu", [0, 1], ["a"], tmp_path) == 1  # the fake child fails
     printed = capsys.readouterr().out
-    assert f"a/seed1 was recorded as completed on 2026-11-23 (commit abc) but its run folder is not in {tmp_path}: " \
+    assert "a/seed1 was recorded as completed on 2026-11-23 (commit abc) but its folder runs/a/seed1 is missing: " \
            "it runs again" in printed and "a/seed0 was recorded" not in printed and "b/seed0" not in printed
     assert len(ran) == 1 and "seed=1" in ran[0]
     write_report(load_table("tiny"), "cpu", tmp_path, {"table": "tiny", "scale": "cpu", "runs": {
         "a/seed0": record, "a/seed1": record}})
     md = (tmp_path / "table.md").read_text()
     assert ("**Not counted** (1 completed runs; running the table again replaces them): a/seed1 was recorded as "
-            f"completed on 2026-11-23 (commit abc) but its run folder is not in {tmp_path}.") in md
+            "completed on 2026-11-23 (commit abc) but its folder runs/a/seed1 is missing.") in md
     assert "| A | accuracy | 50.00 | 1 |" in md
 
 
