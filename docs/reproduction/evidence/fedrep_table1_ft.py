@@ -20,8 +20,8 @@ every client from that same model in each variant, through the repo's +FT client
 * ``train_mode``: the official code's passes (``finetune.head_features=train_mode``): train
   mode, ``train.augment`` (crop + flip) on every batch;
 * ``train_mode_prox``: as ``train_mode`` plus the FedProx term (mu/2)·||w − w_global||² on the
-  head, mu = 0.1 (the official code's default ``--mu``; the paper's tuned value is lost from our
-  copy).
+  head, with ``--prox-mu`` (default 0.1, the official code's default ``--mu``; the paper's tuned
+  value is lost from our copy; the official code fine-tunes with the ``--mu`` it trained with).
 
 Each variant reports the mean over clients of local test accuracy after fine-tuning (the
 table's ``finetune_accuracy_after``), with the same seeded batches in every variant.
@@ -31,6 +31,8 @@ Run (one thread; a few CPU-minutes per run):
     cd /work/main && . .venv/bin/activate
     python docs/reproduction/evidence/fedrep_table1_ft.py \\
         docs/reproduction/fedrep_table1_cifar10/runs/fedprox_100x2/seed0 ...
+    python docs/reproduction/evidence/fedrep_table1_ft.py --prox-mu 1 \
+        docs/reproduction/fedrep_table1_cifar10/runs/fedprox_mu1_100x2/seed0
 
 Writes ``fedrep_table1_ft.json`` next to itself (one entry per run folder, merged with what is
 there) and prints the table.
@@ -62,7 +64,6 @@ from task.data.federated_data import build_federated_data  # noqa: E402
 from task.learning.engine import TensorData, train  # noqa: E402
 
 VARIANTS = ("eval", "train_mode", "train_mode_prox")
-PROX_MU = 0.1
 OUT = Path(__file__).with_suffix(".json")
 
 
@@ -72,8 +73,9 @@ def tensors(bundle) -> tuple[TensorData, TensorData]:
         s.x, s.y, torch.device("cpu")) for s in (bundle.train, bundle.test))
 
 
-def finetuned_accuracy(cfg, model, fed, train_all, test_all, variant: str) -> list[float]:
-    """Every client's local test accuracy after +FT of ``model`` in ``variant``."""
+def finetuned_accuracy(cfg, model, fed, train_all, test_all, variant: str, prox_mu: float) -> list[float]:
+    """Every client's local test accuracy after +FT of ``model`` in ``variant`` (``prox_mu``: the
+    proximal weight of ``train_mode_prox``)."""
     start = {k: v.detach().clone() for k, v in model.state_dict().items()}
     head = head_groups(cfg, model)
     cfg = OmegaConf.merge(cfg, {"finetune": {"head_features": "eval" if variant == "eval" else "train_mode"}})
@@ -92,7 +94,7 @@ def finetuned_accuracy(cfg, model, fed, train_all, test_all, variant: str) -> li
                 p.requires_grad_(id(p) in trained)
             train(model, rt.train, rt.optimizer(int(cfg.rounds), lr=ft.lr), int(cfg.train.batch_size),
                   rt.generator(int(cfg.rounds) + 1, 7919), epochs=int(ft.epochs), params=head_params,
-                  prox_mu=PROX_MU, augment=rt.augment)
+                  prox_mu=prox_mu, augment=rt.augment)
             for p in model.parameters():
                 p.requires_grad_(True)
             accuracies.append(float(rt.evaluate_local()["accuracy"]))
@@ -106,6 +108,7 @@ def finetuned_accuracy(cfg, model, fed, train_all, test_all, variant: str) -> li
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", type=Path, help="run folders of fedrep_table1_cifar10 with a checkpoint")
+    parser.add_argument("--prox-mu", type=float, default=0.1, help="mu of the train_mode_prox variant (default 0.1)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     results = json.loads(OUT.read_text()) if OUT.is_file() else {}
@@ -118,18 +121,18 @@ def main() -> None:
         train_all, test_all = tensors(fed.bundle)
         summary = json.loads((run / "summary.json").read_text())
         entry = {"algorithm": str(cfg.algorithm), "seed": int(cfg.seed), "augment": str(cfg.train.augment),
-                 "run_finetune_accuracy_after": summary.get("finetune_accuracy_after")}
+                 "run_finetune_accuracy_after": summary.get("finetune_accuracy_after"), "prox_mu": args.prox_mu}
         for variant in VARIANTS:
-            acc = finetuned_accuracy(cfg, model, fed, train_all, test_all, variant)
+            acc = finetuned_accuracy(cfg, model, fed, train_all, test_all, variant, args.prox_mu)
             entry[variant] = {"mean": statistics.fmean(acc), "std_over_clients": statistics.stdev(acc)}
         entry["seconds"] = round(time.time() - t0, 1)
         results[str(run.relative_to(REPO)) if run.is_relative_to(REPO) else str(run)] = entry
         OUT.write_text(json.dumps(results, indent=1) + "\n")
-    print("| run | in the run (eval) | eval | train_mode | train_mode + prox (mu = 0.1) |")
-    print("|---|---|---|---|---|")
+    print("| run | in the run (eval) | eval | train_mode | train_mode + prox | prox mu |")
+    print("|---|---|---|---|---|---|")
     for name, e in results.items():
         print(f"| {name} | {100 * e['run_finetune_accuracy_after']:.2f} | "
-              + " | ".join(f"{100 * e[v]['mean']:.2f}" for v in VARIANTS) + " |")
+              + " | ".join(f"{100 * e[v]['mean']:.2f}" for v in VARIANTS) + f" | {e.get('prox_mu', 0.1):g} |")
 
 
 if __name__ == "__main__":
