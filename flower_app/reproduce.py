@@ -157,8 +157,9 @@ def reproduce(table: Table, scale: str, seeds: list[int], only: list[str] | None
             moved = run_dir.move_aside(run_folder(out, job))
             manifest["runs"].pop(job.key, None)
             print(f"[reproduce] {job.key} {why}: moved to {moved}, to run again", flush=True)
-    for why in missing_runs(table, out, manifest):
-        if why.split(" ", 1)[0] in {j.key for j in jobs}:
+    keys = {j.key for j in jobs}
+    for key, why in missing_runs(table, out, manifest).items():
+        if key in keys:
             print(f"[reproduce] {why}: it runs again", flush=True)
     todo = [j for j in jobs if (read_summary(run_folder(out, j)) or {}).get("status") != "completed"]
     print(f"[reproduce] {table.name} at scale {scale!r}: {len(jobs)} runs, {len(jobs) - len(todo)} already "
@@ -247,17 +248,16 @@ def _minutes(m: float) -> str:
 # -- the report -------------------------------------------------------------------------------
 
 
-def missing_runs(table: Table, out: Path, manifest: dict) -> list[str]:
-    """The runs ``manifest`` records as completed whose run folder in ``out`` holds no completed
-    summary (made on another machine, or the folder was moved), each with when it was recorded."""
-    missing = []
+def missing_runs(table: Table, out: Path, manifest: dict) -> dict[str, str]:
+    """run key -> why, for the runs ``manifest`` records as completed whose folder in ``out`` holds
+    no completed summary (made on another machine, or the folder was moved)."""
+    missing = {}
     for key, record in manifest.get("runs", {}).items():
-        cell, _, seed = key.partition("/seed")
-        if record.get("status") != "completed" or cell not in table.cells or not seed.isdigit():
+        if record.get("status") != "completed" or key.partition("/")[0] not in table.cells:
             continue
-        if (read_summary(out / "runs" / cell / f"seed{seed}") or {}).get("status") != "completed":
-            missing.append(f"{key} was recorded as completed on {str(record.get('date'))[:10]} (commit "
-                           f"{record.get('commit')}) but its folder runs/{key} is missing")
+        if (read_summary(out / "runs" / key) or {}).get("status") != "completed":
+            missing[key] = (f"{key} was recorded as completed on {str(record.get('date'))[:10]} (commit "
+                            f"{record.get('commit')}) but its folder runs/{key} is missing")
     return missing
 
 
@@ -266,7 +266,7 @@ def collect(table: Table, scale: str, out: Path, manifest: dict) -> tuple[dict[s
     the completed runs left out, with why: made with other settings or under an older revision, or
     recorded in ``manifest`` but not in ``out``."""
     done: dict[str, dict[int, dict]] = {}
-    left_out = missing_runs(table, out, manifest)
+    left_out = list(missing_runs(table, out, manifest).values())
     for cell in table.cells:
         for folder in sorted((out / "runs" / cell).glob("seed*")):
             summary = read_summary(folder)
