@@ -64,11 +64,12 @@ class ClientRuntime:
         """The configured training augmentation (``train.augment``), None when there is none."""
         return None if self.cfg.train.augment == "none" else str(self.cfg.train.augment)
 
-    def local_training(self, config: ConfigRecord, prox_mu: float = 0.0,
+    def local_training(self, config: ConfigRecord, prox_mu: float = 0.0, prox_pull: str = "gradient",
                        params: list[torch.nn.Parameter] | None = None,
                        grad_correction: list[torch.Tensor] | None = None) -> TrainResult:
         """The configured local epochs (or exact steps) at this round's learning rate,
-        updating only ``params`` when given (default: the whole model), with
+        updating only ``params`` when given (default: the whole model), with FedProx's pull
+        ``prox_mu`` entering as ``prox_pull`` says (:func:`task.learning.engine.train`) and
         ``grad_correction`` added to every gradient (SCAFFOLD)."""
         t = self.cfg.train
         server_round = int(config["server-round"])
@@ -88,6 +89,7 @@ class ClientRuntime:
             steps=t.local_steps,
             params=params,
             prox_mu=prox_mu,
+            prox_pull=prox_pull,
             regression=self.regression,
             augment=self.augment,
             grad_correction=grad_correction,

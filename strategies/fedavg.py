@@ -3,7 +3,7 @@
 Server: Flower's FedAvg (the average weighted as ``train.aggregation`` says), or FedAvgM /
 FedAdam on the averaged update when ``server_opt.name`` asks for a server optimizer.
 Client: local SGD from the received global model; with ``proximal-mu`` in the round
-config (sent by FedProx's server half) the proximal term is added.
+config (sent by FedProx's server half) the proximal term is added, where ``proximal-pull`` says.
 
 With ``fedavg.local_model_accuracy`` (FedAvg and FedProx) every training client also scores
 its freshly trained model on its own test split (one evaluation pass, reported in the training
@@ -162,7 +162,8 @@ def local_sgd(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     the trained model's accuracy on the local test split when the round config asks)."""
     rt.load(content[ARRAYS])
     config = round_config(content)
-    result = rt.local_training(config, prox_mu=float(config.get("proximal-mu", 0.0)))
+    result = rt.local_training(config, prox_mu=float(config.get("proximal-mu", 0.0)),
+                               prox_pull=str(config.get("proximal-pull", "gradient")))
     metrics = {"train_loss": result.mean_loss, "local_steps": result.steps, NUM_EXAMPLES: len(rt.train)}
     if config.get(SCORE_LOCAL, False):
         scores = rt.evaluate_local()

@@ -63,6 +63,46 @@ def test_prox_term_adds_mu_times_distance_to_start():
         torch.testing.assert_close(a, b - lr * mu * (x1 - x0), atol=1e-6, rtol=1e-5)
 
 
+def _official_fedprox_steps(model, data, lr, momentum, weight_decay, mu, batch_size, generator, steps):
+    """The official FedRep code's FedProx optimizer (FedProx.py), written out: weight decay and
+    momentum on the gradient, then the pull mu·(w − w_start) added to the step."""
+    from task.learning.engine import step_batches
+
+    params = list(model.parameters())
+    start = [p.detach().clone() for p in params]
+    buffers = [None] * len(params)
+    for idx in step_batches(len(data), batch_size, generator, data.y.device, None, steps):
+        model.zero_grad(set_to_none=True)
+        F.cross_entropy(model(data.x[idx]), data.y[idx]).backward()
+        with torch.no_grad():
+            for i, (p, w0) in enumerate(zip(params, start)):
+                d_p = p.grad + weight_decay * p
+                buffers[i] = d_p.clone() if buffers[i] is None else buffers[i].mul_(momentum).add_(d_p)
+                p.sub_(lr * (buffers[i] + mu * (p - w0)))
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.5])
+def test_prox_pull_after_momentum_is_the_official_fedprox_step(momentum):
+    data = _data(40)
+    opt = OptimizerConfig(lr=0.1, momentum=momentum, weight_decay=1e-3)
+    ours, official = _model(), _model()
+    train(ours, data, opt, 8, torch.Generator().manual_seed(0), steps=12, prox_mu=2.0, prox_pull="after_momentum")
+    _official_fedprox_steps(official, data, 0.1, momentum, 1e-3, 2.0, 8, torch.Generator().manual_seed(0), 12)
+    for p, q in zip(ours.parameters(), official.parameters()):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5)
+    # without momentum the pull's place makes no difference; with it, momentum carries the pull
+    in_gradient = _model()
+    train(in_gradient, data, opt, 8, torch.Generator().manual_seed(0), steps=12, prox_mu=2.0)
+    same = all(torch.allclose(p, q, atol=1e-6) for p, q in zip(ours.parameters(), in_gradient.parameters()))
+    assert same == (momentum == 0.0)
+
+
+def test_an_unknown_prox_pull_is_refused():
+    with pytest.raises(ValueError, match="prox_pull.*'loss'"):
+        train(_model(), _data(8), OptimizerConfig(lr=0.1), 8, torch.Generator().manual_seed(0), steps=1,
+              prox_mu=1.0, prox_pull="loss")
+
+
 def test_head_training_on_cached_features_matches_frozen_body_training():
     data = _data(30)
     head = ["fc2"]

@@ -1,5 +1,5 @@
 """Fidelity switches (paper text vs official code) through the real ServerApp/ClientApp:
-``train.aggregation``, ``local_only.clients`` and ``fedavg.local_model_accuracy``."""
+``train.aggregation``, ``local_only.clients``, ``fedavg.local_model_accuracy`` and ``fedprox.pull``."""
 
 import json
 from pathlib import Path
@@ -155,3 +155,11 @@ def test_local_model_accuracy_is_off_by_default(tmp_path):
         assert SCORE_LOCAL not in sent.content[CONFIG]
         assert LOCAL_ACCURACY not in rep.content[METRICS]
     assert OFFICIAL_ACCURACY not in summary and all(OFFICIAL_ACCURACY not in r for r in records)
+
+
+@pytest.mark.parametrize("pull", ["gradient", "after_momentum"])
+def test_fedprox_sends_its_pull_to_every_training_client(tmp_path, pull):
+    grid, _, _ = run(tmp_path, f"algorithm=fedprox fedprox.mu=1.0 fedprox.pull={pull} train.momentum=0.5")
+    sent = [s for _, _, s, _, _ in exchanges(grid)]
+    assert sent and all(s.content[CONFIG]["proximal-pull"] == pull for s in sent)
+    assert all(s.content[CONFIG]["proximal-mu"] == pytest.approx(1.0) for s in sent)

@@ -90,6 +90,20 @@ def test_fedprox_server_sends_mu_and_client_uses_it():
     assert not np.allclose(results[0]["fc1.1.weight"].numpy(), results[1]["fc1.1.weight"].numpy())
 
 
+def test_fedprox_client_puts_the_pull_where_the_server_says():
+    cfg = load_config("quickstart", ["algorithm=fedprox", "fedprox.pull=after_momentum"])
+    msgs = list(ALGORITHMS["fedprox"].make_strategy(cfg).configure_train(1, ArrayRecord(), ConfigRecord(),
+                                                                          NodeSubset(None, [11])))
+    assert msgs[0].content[CONFIG]["proximal-pull"] == "after_momentum"
+    results = []
+    for pull in ("gradient", "after_momentum"):
+        rt = make_runtime(["train.local_epochs=3", "train.momentum=0.5"])
+        arrays = ArrayRecord(rt.model.state_dict())
+        message = train_message(rt, arrays, **{"proximal-mu": 5.0, "proximal-pull": pull})
+        results.append(ALGORITHMS["fedprox"].handlers["train"](rt, message)[ARRAYS])
+    assert not np.allclose(results[0]["fc1.1.weight"].numpy(), results[1]["fc1.1.weight"].numpy())
+
+
 def test_local_only_sends_no_arrays_and_keeps_its_model():
     rt = make_runtime(["algorithm=local_only"])
     strategy = ALGORITHMS["local_only"].make_strategy(rt.cfg)

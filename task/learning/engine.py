@@ -204,6 +204,9 @@ def crop_flip(x: torch.Tensor, generator: torch.Generator, padding: int = 4) -> 
 
 AUGMENTATIONS = {"crop_flip": crop_flip}
 
+#: Where FedProx's pull mu·(w − w_start) enters a local step (:func:`train`'s ``prox_pull``).
+PROX_PULLS = ("gradient", "after_momentum")
+
 
 def train(
     model: nn.Module,
@@ -215,6 +218,7 @@ def train(
     steps: int | None = None,
     params: Sequence[nn.Parameter] | None = None,
     prox_mu: float = 0.0,
+    prox_pull: str = "gradient",
     regression: bool = False,
     augment: str | None = None,
     grad_correction: Sequence[torch.Tensor] | None = None,
@@ -224,14 +228,22 @@ def train(
     Runs ``epochs`` passes over ``data`` or, when ``steps`` is given, exactly ``steps``
     mini-batch steps. Only ``params`` are updated (default: all parameters). With
     ``prox_mu > 0`` the FedProx term (mu/2)·||w − w_start||² over the trained parameters
-    is added to the loss. ``augment`` names an on-device augmentation of each batch
+    pulls toward the start; ``prox_pull`` (:data:`PROX_PULLS`) says where its pull
+    mu·(w − w_start) enters: ``gradient`` adds it to the loss's gradient, so momentum carries it
+    (FedProx's objective), ``after_momentum`` adds it to the step after the optimizer's
+    momentum, w ← w − lr·(momentum step + mu·(w − w_start)) (the FedProx optimizer of the
+    official FedRep code, ``FedProx.py``). ``augment`` names an on-device augmentation of each batch
     (``crop_flip``), drawn from ``generator``. ``grad_correction`` (one tensor per trained
     parameter) is added to every mini-batch gradient before the step (SCAFFOLD's c − c_i).
     """
     transform = AUGMENTATIONS[augment] if augment else None
     trainable = list(params) if params is not None else list(model.parameters())
     opt = optimizer.build(trainable)
+    if prox_pull not in PROX_PULLS:
+        raise ValueError(f"prox_pull: {prox_pull!r} is not one of {PROX_PULLS}")
     anchors = [p.detach().clone() for p in trainable] if prox_mu > 0 else None
+    pull_in_gradient = anchors is not None and prox_pull == "gradient"
+    pull_after_step = anchors is not None and prox_pull == "after_momentum"
     loss_fn = loss_function(regression)
     model.train()
     total = torch.zeros((), device=data.y.device)
@@ -245,7 +257,7 @@ def train(
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(model(xb), yb)
         loss.backward()
-        if anchors is not None:
+        if pull_in_gradient:
             with torch.no_grad():
                 for p, anchor in zip(trainable, anchors):
                     if p.grad is not None:
@@ -255,7 +267,15 @@ def train(
                 for p, corr in zip(trainable, grad_correction):
                     if p.grad is not None:
                         p.grad.add_(corr)
+        if pull_after_step:
+            with torch.no_grad():
+                pulls = [torch.sub(p, anchor) if p.grad is not None else None for p, anchor in zip(trainable, anchors)]
         opt.step()
+        if pull_after_step:
+            with torch.no_grad():
+                for p, pull in zip(trainable, pulls):
+                    if pull is not None:
+                        p.sub_(pull, alpha=optimizer.lr * prox_mu)
         total += loss.detach() * len(idx)
         samples += len(idx)
         num_steps += 1
