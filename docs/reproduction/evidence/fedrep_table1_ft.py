@@ -21,7 +21,9 @@ every client from that same model in each variant, through the repo's +FT client
   mode, ``train.augment`` (crop + flip) on every batch;
 * ``train_mode_prox``: as ``train_mode`` plus the FedProx term (mu/2)·||w − w_global||² on the
   head, with ``--prox-mu`` (default 0.1, the official code's default ``--mu``; the paper's tuned
-  value is lost from our copy; the official code fine-tunes with the ``--mu`` it trained with).
+  value is lost from our copy; the official code fine-tunes with the ``--mu`` it trained with)
+  and its pull placed as ``--prox-pull`` says (default ``after_momentum``, the official FedProx
+  optimizer; entries without ``prox_pull``, made before 2026-11-25, used ``gradient``).
 
 Each variant reports the mean over clients of local test accuracy after fine-tuning (the
 table's ``finetune_accuracy_after``), with the same seeded batches in every variant.
@@ -32,7 +34,7 @@ Run (one thread; a few CPU-minutes per run):
     python docs/reproduction/evidence/fedrep_table1_ft.py \\
         docs/reproduction/fedrep_table1_cifar10/runs/fedprox_100x2/seed0 ...
     python docs/reproduction/evidence/fedrep_table1_ft.py --prox-mu 1 \
-        docs/reproduction/fedrep_table1_cifar10/runs/fedprox_mu1_100x2/seed0
+        docs/reproduction/fedrep_table1_cifar10/runs/fedprox_official_mu1_100x2/seed0
 
 Writes ``fedrep_table1_ft.json`` next to itself (one entry per run folder, merged with what is
 there) and prints the table.
@@ -61,7 +63,7 @@ from protocols.finetune import finetune  # noqa: E402
 from strategies.common import ARRAYS, METRICS, ClientRuntime  # noqa: E402
 from task.data.datasets.images import ImageArray  # noqa: E402
 from task.data.federated_data import build_federated_data  # noqa: E402
-from task.learning.engine import TensorData, train  # noqa: E402
+from task.learning.engine import PROX_PULLS, TensorData, train  # noqa: E402
 
 VARIANTS = ("eval", "train_mode", "train_mode_prox")
 OUT = Path(__file__).with_suffix(".json")
@@ -73,9 +75,10 @@ def tensors(bundle) -> tuple[TensorData, TensorData]:
         s.x, s.y, torch.device("cpu")) for s in (bundle.train, bundle.test))
 
 
-def finetuned_accuracy(cfg, model, fed, train_all, test_all, variant: str, prox_mu: float) -> list[float]:
-    """Every client's local test accuracy after +FT of ``model`` in ``variant`` (``prox_mu``: the
-    proximal weight of ``train_mode_prox``)."""
+def finetuned_accuracy(cfg, model, fed, train_all, test_all, variant: str, prox_mu: float,
+                       prox_pull: str) -> list[float]:
+    """Every client's local test accuracy after +FT of ``model`` in ``variant`` (``prox_mu`` and
+    ``prox_pull``: the proximal weight of ``train_mode_prox`` and where its pull enters)."""
     start = {k: v.detach().clone() for k, v in model.state_dict().items()}
     head = head_groups(cfg, model)
     cfg = OmegaConf.merge(cfg, {"finetune": {"head_features": "eval" if variant == "eval" else "train_mode"}})
@@ -94,7 +97,7 @@ def finetuned_accuracy(cfg, model, fed, train_all, test_all, variant: str, prox_
                 p.requires_grad_(id(p) in trained)
             train(model, rt.train, rt.optimizer(int(cfg.rounds), lr=ft.lr), int(cfg.train.batch_size),
                   rt.generator(int(cfg.rounds) + 1, 7919), epochs=int(ft.epochs), params=head_params,
-                  prox_mu=prox_mu, augment=rt.augment)
+                  prox_mu=prox_mu, prox_pull=prox_pull, augment=rt.augment)
             for p in model.parameters():
                 p.requires_grad_(True)
             accuracies.append(float(rt.evaluate_local()["accuracy"]))
@@ -109,6 +112,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", type=Path, help="run folders of fedrep_table1_cifar10 with a checkpoint")
     parser.add_argument("--prox-mu", type=float, default=0.1, help="mu of the train_mode_prox variant (default 0.1)")
+    parser.add_argument("--prox-pull", choices=PROX_PULLS, default="after_momentum",
+                        help="where train_mode_prox's pull enters (default after_momentum, the official optimizer)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     results = json.loads(OUT.read_text()) if OUT.is_file() else {}
@@ -121,18 +126,19 @@ def main() -> None:
         train_all, test_all = tensors(fed.bundle)
         summary = json.loads((run / "summary.json").read_text())
         entry = {"algorithm": str(cfg.algorithm), "seed": int(cfg.seed), "augment": str(cfg.train.augment),
-                 "run_finetune_accuracy_after": summary.get("finetune_accuracy_after"), "prox_mu": args.prox_mu}
+                 "run_finetune_accuracy_after": summary.get("finetune_accuracy_after"), "prox_mu": args.prox_mu,
+                 "prox_pull": args.prox_pull}
         for variant in VARIANTS:
-            acc = finetuned_accuracy(cfg, model, fed, train_all, test_all, variant, args.prox_mu)
+            acc = finetuned_accuracy(cfg, model, fed, train_all, test_all, variant, args.prox_mu, args.prox_pull)
             entry[variant] = {"mean": statistics.fmean(acc), "std_over_clients": statistics.stdev(acc)}
         entry["seconds"] = round(time.time() - t0, 1)
         results[str(run.relative_to(REPO)) if run.is_relative_to(REPO) else str(run)] = entry
         OUT.write_text(json.dumps(results, indent=1) + "\n")
-    print("| run | in the run (eval) | eval | train_mode | train_mode + prox | prox mu |")
-    print("|---|---|---|---|---|---|")
+    print("| run | in the run (eval) | eval | train_mode | train_mode + prox | prox mu | prox pull |")
+    print("|---|---|---|---|---|---|---|")
     for name, e in results.items():
         print(f"| {name} | {100 * e['run_finetune_accuracy_after']:.2f} | "
-              + " | ".join(f"{100 * e[v]['mean']:.2f}" for v in VARIANTS) + f" | {e.get('prox_mu', 0.1):g} |")
+              + " | ".join(f"{100 * e[v]['mean']:.2f}" for v in VARIANTS) + f" | {e.get('prox_mu', 0.1):g} | {e.get('prox_pull', 'gradient')} |")
 
 
 if __name__ == "__main__":
