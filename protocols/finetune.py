@@ -5,8 +5,9 @@ Server: sends the final global model to every training client (``train.finetune`
 the mean local test accuracy before and after fine-tuning (and its spread over clients).
 Client: measures its local test accuracy, fine-tunes the head (on body features computed once,
 or, as the official FedRep code, in train mode on augmented batches: ``finetune.head_features``)
-or the full model (``finetune.part``) for ``finetune.epochs`` epochs, measures again and keeps
-the fine-tuned copy on the client: only metrics go back.
+or the full model (``finetune.part``; in train mode on augmented batches, as local training) for
+``finetune.epochs`` epochs, measures again and keeps the fine-tuned copy on the client: only
+metrics go back.
 """
 
 from __future__ import annotations
@@ -47,8 +48,9 @@ def finetune(rt: ClientRuntime, content: RecordDict) -> RecordDict:
                                  rt.regression, augment=rt.augment)
     elif ft.part == "head":
         train_head_on_features(rt.model, rt.head, rt.train, optimizer, batch, generator, int(ft.epochs), rt.regression)
-    else:
-        train(rt.model, rt.train, optimizer, batch, generator, epochs=int(ft.epochs), regression=rt.regression)
+    else:  # the whole model, as local training: train mode, train.augment on every batch
+        train(rt.model, rt.train, optimizer, batch, generator, epochs=int(ft.epochs), regression=rt.regression,
+              augment=rt.augment)
     after = rt.evaluate_local()
     rt.state[rt.state_key("finetuned-model")] = rt.arrays()
     metrics = {f"{k}_before": v for k, v in before.items() if k != NUM_EXAMPLES}

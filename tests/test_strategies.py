@@ -12,9 +12,9 @@ from flower_app.config import load_config
 from flower_app.federation import NodeSubset, Traffic, exchange, payload_size
 from strategies import ALGORITHMS
 from strategies.common import ARRAYS, CONFIG, METRICS, ClientRuntime, reply
-from protocols.finetune import finetune
+from protocols.finetune import SALT, finetune
 from task.errors import ConfigError
-from task.learning.engine import TensorData
+from task.learning.engine import TensorData, train
 from task.learning.models import build_model
 
 
@@ -149,6 +149,22 @@ def test_finetune_in_train_mode_augments_the_head_batches_and_keeps_the_body():
     torch.testing.assert_close(plain["fc2.weight"], cached["fc2.weight"], rtol=0, atol=1e-6)
     with pytest.raises(ConfigError, match="finetune.head_features"):
         load_config("quickstart", ["finetune.head_features=train_mode", "finetune.part=full"])
+
+
+def test_full_finetune_trains_every_layer_on_augmented_batches_as_local_training():
+    """finetune.part=full: the whole model, train mode, train.augment on every batch (the
+    official FedRep code's last round for FedAvg/FedProx): the same steps as engine.train."""
+    tuned, start = finetuned(["finetune.part=full", "train.augment=crop_flip"])
+    assert not torch.allclose(tuned["fc1.1.weight"], start["fc1.1.weight"])  # the body moves too
+    rt = make_runtime(["algorithm=fedavg", "finetune.enabled=true", "finetune.epochs=5", "train.augment=crop_flip"])
+    rt.model.load_state_dict(start)
+    rounds = int(rt.cfg.rounds)
+    train(rt.model, rt.train, rt.optimizer(rounds), int(rt.cfg.train.batch_size), rt.generator(rounds + 1, SALT),
+          epochs=5, augment="crop_flip")
+    for name, value in rt.model.state_dict().items():
+        torch.testing.assert_close(tuned[name], value, rtol=0, atol=0)
+    plain, _ = finetuned(["finetune.part=full"])
+    assert not torch.allclose(plain["fc1.1.weight"], tuned["fc1.1.weight"], atol=1e-4)
 
 
 class FakeGrid:

@@ -11,9 +11,9 @@ mu = 0.1). How much does each of those move the number on the same trained model
 
 What this script does (no Flower): for a finished ``flrep run`` of the table (a run folder
 with its server checkpoint), it rebuilds the run's global model (``model_from_run``) and its
-clients' data (``build_federated_data`` with the run's own config), and fine-tunes the head of
-every client from that same model in each variant, through the repo's +FT client function
-(``protocols.finetune.finetune``) or, for the proximal variant, the engine's ``train`` with
+clients' data (``build_federated_data`` with the run's own config), and fine-tunes every
+client from that same model in each variant, through the repo's +FT client function
+(``protocols.finetune.finetune``) or, for the proximal variants, the engine's ``train`` with
 ``prox_mu``:
 
 * ``eval``: ours (``finetune.head_features=eval``): features computed once, no augmentation;
@@ -23,7 +23,11 @@ every client from that same model in each variant, through the repo's +FT client
   head, with ``--prox-mu`` (default 0.1, the official code's default ``--mu``; the paper's tuned
   value is lost from our copy; the official code fine-tunes with the ``--mu`` it trained with)
   and its pull placed as ``--prox-pull`` says (default ``after_momentum``, the official FedProx
-  optimizer; entries without ``prox_pull``, made before 2026-11-25, used ``gradient``).
+  optimizer; entries without ``prox_pull``, made before 2026-11-25, used ``gradient``);
+* ``full``: every layer (``finetune.part=full``): train mode, crop + flip, as the official
+  code's final round for FedAvg and FedProx actually runs (its body freeze checks names against
+  a list of lists, so nothing is frozen; found 2026-11-25);
+* ``full_prox``: as ``full`` plus the FedProx term on every layer (the official FedProx+FT).
 
 Each variant reports the mean over clients of local test accuracy after fine-tuning (the
 table's ``finetune_accuracy_after``), with the same seeded batches in every variant.
@@ -65,7 +69,7 @@ from task.data.datasets.images import ImageArray  # noqa: E402
 from task.data.federated_data import build_federated_data  # noqa: E402
 from task.learning.engine import PROX_PULLS, TensorData, train  # noqa: E402
 
-VARIANTS = ("eval", "train_mode", "train_mode_prox")
+VARIANTS = ("eval", "train_mode", "train_mode_prox", "full", "full_prox")
 OUT = Path(__file__).with_suffix(".json")
 
 
@@ -81,7 +85,9 @@ def finetuned_accuracy(cfg, model, fed, train_all, test_all, variant: str, prox_
     ``prox_pull``: the proximal weight of ``train_mode_prox`` and where its pull enters)."""
     start = {k: v.detach().clone() for k, v in model.state_dict().items()}
     head = head_groups(cfg, model)
-    cfg = OmegaConf.merge(cfg, {"finetune": {"head_features": "eval" if variant == "eval" else "train_mode"}})
+    full = variant.startswith("full")
+    cfg = OmegaConf.merge(cfg, {"finetune": {"part": "full" if full else "head",
+                                             "head_features": "train_mode" if variant.startswith("train_mode") else "eval"}})
     accuracies = []
     for pid in range(fed.num_clients):
         model.load_state_dict(start)
@@ -89,9 +95,10 @@ def finetuned_accuracy(cfg, model, fed, train_all, test_all, variant: str, prox_
                            train=train_all.subset(torch.as_tensor(fed.client_train[pid])),
                            test=test_all.subset(torch.as_tensor(fed.client_test[pid])),
                            model=model, head=head, initial_state=start, state=RecordDict())
-        if variant == "train_mode_prox":
+        if variant.endswith("_prox"):
             ft = cfg.finetune
-            head_params = [p for name in head for p in model.get_submodule(name).parameters()]
+            head_params = list(model.parameters()) if full else [
+                p for name in head for p in model.get_submodule(name).parameters()]
             trained = {id(p) for p in head_params}
             for p in model.parameters():
                 p.requires_grad_(id(p) in trained)
@@ -111,9 +118,11 @@ def finetuned_accuracy(cfg, model, fed, train_all, test_all, variant: str, prox_
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", type=Path, help="run folders of fedrep_table1_cifar10 with a checkpoint")
-    parser.add_argument("--prox-mu", type=float, default=0.1, help="mu of the train_mode_prox variant (default 0.1)")
+    parser.add_argument("--prox-mu", type=float, default=0.1, help="mu of the *_prox variants (default 0.1)")
     parser.add_argument("--prox-pull", choices=PROX_PULLS, default="after_momentum",
-                        help="where train_mode_prox's pull enters (default after_momentum, the official optimizer)")
+                        help="where the *_prox variants' pull enters (default after_momentum, the official optimizer)")
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
+                        help="the variants to run (default all); others already in the json for a run are kept")
     args = parser.parse_args()
     torch.set_num_threads(1)
     results = json.loads(OUT.read_text()) if OUT.is_file() else {}
@@ -125,20 +134,24 @@ def main() -> None:
         fed = build_federated_data(cfg.data, int(cfg.seed))
         train_all, test_all = tensors(fed.bundle)
         summary = json.loads((run / "summary.json").read_text())
-        entry = {"algorithm": str(cfg.algorithm), "seed": int(cfg.seed), "augment": str(cfg.train.augment),
-                 "run_finetune_accuracy_after": summary.get("finetune_accuracy_after"), "prox_mu": args.prox_mu,
-                 "prox_pull": args.prox_pull}
-        for variant in VARIANTS:
+        key = str(run.relative_to(REPO)) if run.is_relative_to(REPO) else str(run)
+        kept = results.get(key, {})  # variants measured before with the same proximal term stay
+        entry = kept if (kept.get("prox_mu"), kept.get("prox_pull")) == (args.prox_mu, args.prox_pull) else {}
+        entry.update({"algorithm": str(cfg.algorithm), "seed": int(cfg.seed), "augment": str(cfg.train.augment),
+                      "run_finetune_accuracy_after": summary.get("finetune_accuracy_after"), "prox_mu": args.prox_mu,
+                      "prox_pull": args.prox_pull})
+        for variant in args.variants:
             acc = finetuned_accuracy(cfg, model, fed, train_all, test_all, variant, args.prox_mu, args.prox_pull)
             entry[variant] = {"mean": statistics.fmean(acc), "std_over_clients": statistics.stdev(acc)}
         entry["seconds"] = round(time.time() - t0, 1)
-        results[str(run.relative_to(REPO)) if run.is_relative_to(REPO) else str(run)] = entry
+        results[key] = entry
         OUT.write_text(json.dumps(results, indent=1) + "\n")
-    print("| run | in the run (eval) | eval | train_mode | train_mode + prox | prox mu | prox pull |")
-    print("|---|---|---|---|---|---|---|")
+    print("| run | in the run (eval) | eval | train_mode | train_mode + prox | full | full + prox | prox mu | prox pull |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, e in results.items():
         print(f"| {name} | {100 * e['run_finetune_accuracy_after']:.2f} | "
-              + " | ".join(f"{100 * e[v]['mean']:.2f}" for v in VARIANTS) + f" | {e.get('prox_mu', 0.1):g} | {e.get('prox_pull', 'gradient')} |")
+              + " | ".join(f"{100 * e[v]['mean']:.2f}" if v in e else "–" for v in VARIANTS)
+              + f" | {e.get('prox_mu', 0.1):g} | {e.get('prox_pull', 'gradient')} |")
 
 
 if __name__ == "__main__":
