@@ -157,7 +157,7 @@ class Experiment:
         config = ConfigRecord({"variant": self.cfg.label})
         messages = list(self.strategy.configure_train(t, self.arrays, config, NodeSubset(self.grid, fed.nodes(pids))))
         replies, failed = self.services.send(messages, "train", self.strategy.reply_template)
-        record = {"round": t, "phase": TRAIN_PHASE, "clients": pids, **failure_fields(failed)}
+        record = {"round": t, "phase": TRAIN_PHASE, "clients": pids, "asked": len(messages), **failure_fields(failed)}
         minimum = min(int(self.cfg.faults.min_replies), len(messages))  # online rounds ask fewer clients
         if len(replies) < minimum:
             log(WARNING, "[flrep] round %d skipped: %d sound replies, faults.min_replies=%d", t, len(replies), minimum)
@@ -321,9 +321,10 @@ class Experiment:
     def round_line(self, t: int, rounds: int, train: dict, evaluation: dict | None, seconds_per_round: float) -> str:
         """Round ``t`` in one line: training loss, clients that replied, traffic so far, the
         accuracies when evaluated, training-and-evaluation time so far and the ETA."""
-        replied = len(train["clients"]) - len(train.get("failed_clients", []))
+        asked = train.get("asked", len(train["clients"]))  # more than the sampled: Local-only's clients=all
+        replied = asked - len(train.get("failed_clients", []))
         parts = [f"round {t}/{rounds}", "skipped" if train.get("skipped") else f"train loss {fmt(train.get('train_loss'))}",
-                 f"{replied}/{len(train['clients'])} clients replied",
+                 f"{replied}/{asked} clients replied",
                  f"up {train['bytes_up'] / 1e6:.1f} MB, down {train['bytes_down'] / 1e6:.1f} MB"]
         if evaluation is not None:
             parts.append(f"personalized acc {fmt(evaluation['personalized_accuracy'])}")

@@ -2,7 +2,9 @@
 ``train.aggregation``, ``local_only.clients``, ``fedavg.local_model_accuracy`` and ``fedprox.pull``."""
 
 import json
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ import torch
 from flwr.app import Message
 
 from flower_app.config import load_config, load_variants, validate_with_data
+from flower_app.experiment import Experiment
 from flower_app.server_app import run_variants
 from strategies.common import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES
 from strategies.evaluator import ServerEvaluator
@@ -96,13 +99,15 @@ def test_local_only_trains_the_sampled_clients_or_all_of_them(tmp_path, clients)
         assert len(sampled) == 3
         if clients == "all":
             assert trained[record["round"]] == list(range(6))
-            assert record["trained_clients"] == 6
+            assert record["trained_clients"] == record["asked"] == 6
         else:
             assert trained[record["round"]] == sampled
-            assert "trained_clients" not in record
+            assert "trained_clients" not in record and record["asked"] == 3
     for _, _, sent, *_ in exchanges(grid):
         assert ARRAYS not in sent.content  # nothing but the round config goes down
     assert summary["params_up"] == 0
+    line = Experiment.round_line(SimpleNamespace(start=time.monotonic()), 1, 3, trains[0], None, 0.0)
+    assert f"{6 if clients == 'all' else 3}/{6 if clients == 'all' else 3} clients replied" in line
 
 
 def test_fedavg_reports_the_official_codes_local_model_accuracy(tmp_path):
