@@ -121,9 +121,13 @@ def main() -> None:
     parser.add_argument("--prox-mu", type=float, default=0.1, help="mu of the *_prox variants (default 0.1)")
     parser.add_argument("--prox-pull", choices=PROX_PULLS, default="after_momentum",
                         help="where the *_prox variants' pull enters (default after_momentum, the official optimizer)")
-    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
-                        help="the variants to run (default all); others already in the json for a run are kept")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help="comma-separated variants to run (default all); others already in the json for a run are kept")
     args = parser.parse_args()
+    args.variants = args.variants.split(",")
+    unknown = sorted(set(args.variants) - set(VARIANTS))
+    if unknown:
+        parser.error(f"--variants: unknown {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
     torch.set_num_threads(1)
     results = json.loads(OUT.read_text()) if OUT.is_file() else {}
     for run in args.runs:
