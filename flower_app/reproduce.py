@@ -4,7 +4,8 @@ Each (cell, seed) is one ``flrep run`` in ``DIR/runs/<cell>/seed<k>/`` (its log 
 ``seed<k>.log``): a completed run is kept and read, a checkpointed one is resumed, a started
 one without a checkpoint is moved aside (``--force``: never deleted) and run again, as is a run
 made with other settings than its cell's now or under an older ``revision`` of the table. After every
-run ``DIR/reproduce.json`` records what ran (machine, date, commit, wall time) and
+run ``DIR/reproduce.json`` records what ran (machine, date, commit, wall time; for a resumed run
+also each earlier part, which may have run on another machine) and
 ``DIR/table.md``, ``table.csv`` and ``table.png`` are rewritten from every completed run.
 """
 
@@ -177,8 +178,10 @@ def reproduce(table: Table, scale: str, seeds: list[int], only: list[str] | None
         # every run left in the folder is of the table's revision now (older ones were moved aside):
         # record it before the run starts, so that an interrupted run keeps it
         here["commit"] = commit()  # the code this run starts with (a long table may span commits)
-        manifest["runs"][job.key] = {"status": "started", "revision": table.revision, "command": cmd[1:],
-                                     "date": _now(), **here}
+        resumed = earlier_parts(manifest["runs"].get(job.key)) if cmd[-1].startswith("resume=") else []
+        part = {"revision": table.revision, "command": cmd[1:], "date": _now(), **here,
+                **({"earlier_parts": resumed} if resumed else {})}
+        manifest["runs"][job.key] = {"status": "started", **part}
         _save_manifest(out, manifest)
         t0 = time.monotonic()
         with open(folder.parent / f"seed{job.seed}.log", "a") as log:
@@ -187,6 +190,8 @@ def reproduce(table: Table, scale: str, seeds: list[int], only: list[str] | None
             try:
                 code = run_child(cmd, log)
             except KeyboardInterrupt:
+                manifest["runs"][job.key] = {"status": "interrupted", "wall_s": round(time.monotonic() - t0, 1), **part}
+                _save_manifest(out, manifest)
                 print(f"[reproduce] interrupted during {job.key}; run the same command to continue", file=sys.stderr)
                 write_report(table, scale, out, manifest)
                 return 130
@@ -196,7 +201,7 @@ def reproduce(table: Table, scale: str, seeds: list[int], only: list[str] | None
         summary = read_summary(folder)
         status = (summary or {}).get("status") if code == 0 else "failed"
         manifest["runs"][job.key] = {"status": status, "exit_code": code, "wall_s": round(seconds, 1),
-                                     "date": _now(), "revision": table.revision, "command": cmd[1:], **here}
+                                     **part, "date": _now()}
         _save_manifest(out, manifest)
         if status != "completed":
             failed.append(job.key)
@@ -207,6 +212,15 @@ def reproduce(table: Table, scale: str, seeds: list[int], only: list[str] | None
         write_report(table, scale, out, manifest)
     print(f"[reproduce] table in {out / 'table.md'}" + (f"; {len(failed)} runs failed: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
+
+
+def earlier_parts(record: dict | None) -> list[dict]:
+    """The parts of a run that ``record`` left unfinished (started or interrupted, here or on
+    another machine), oldest first: what the record of its resumption keeps."""
+    if not record or record.get("status") not in ("started", "interrupted"):
+        return []
+    part = {k: record[k] for k in ("date", "commit", "machine", "wall_s", "command") if k in record}
+    return [*record.get("earlier_parts", []), part]
 
 
 def run_child(cmd: list[str], log) -> int:
@@ -361,11 +375,12 @@ def _fmt(value: float | None, percent: bool) -> str:
 def markdown(table: Table, scale: str, manifest: dict, table_rows: list[dict], claims: list[dict],
              left_out: list[str]) -> str:
     """The generated table with its header: setting, machine, commits, differences."""
-    runs = {k: r for k, r in manifest.get("runs", {}).items() if r["status"] != "started"}
-    machines = sorted({f"{r['machine'].get('processor')} × {r['machine'].get('cpu_count')} CPUs"
-                       + (f", {r['machine']['cuda']}" if r['machine'].get('cuda') else "") for r in runs.values()})
-    commits = sorted({str(r.get("commit")) for r in runs.values()})
-    dates = sorted(r["date"][:10] for r in runs.values())
+    runs = {k: r for k, r in manifest.get("runs", {}).items() if r["status"] not in ("started", "interrupted")}
+    parts = [p for r in runs.values() for p in (r, *r.get("earlier_parts", [])) if "machine" in p]
+    machines = sorted({f"{p['machine'].get('processor')} × {p['machine'].get('cpu_count')} CPUs"
+                       + (f", {p['machine']['cuda']}" if p['machine'].get('cuda') else "") for p in parts})
+    commits = sorted({str(p.get("commit")) for p in parts})
+    dates = sorted(p["date"][:10] for p in parts if "date" in p)
     lines = [f"# {table.title}", "",
              f"Generated by `flrep reproduce {table.name} --scale {scale}`; paper numbers from {table.source}.",
              f"Scale `{scale}`: {table.scales[scale]['note']}.",

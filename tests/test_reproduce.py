@@ -296,6 +296,42 @@ def test_a_pipe_in_a_label_does_not_break_the_markdown_table():
     assert _cell("error |Bw - B*w*|^2") == "error \\|Bw - B*w*\\|^2"
 
 
+def test_a_run_resumed_on_another_machine_records_both_parts(tiny, tmp_path, monkeypatch):
+    """Stopped on one machine and finished from its checkpoint on another: the record keeps the
+    stopped part (machine, wall time) and the header names both machines."""
+    from flower_app import bench_round
+    from flower_app import reproduce as rep
+
+    gpu = {"processor": "x86_64", "cpu_count": 16, "cuda": "NVIDIA H200"}
+    cpu = {"processor": "x86_64", "cpu_count": 2, "cuda": None}
+    folder = run_folder(tmp_path, Job(load_table("tiny").cells["a"], 0))
+
+    def stopped(cmd, log):  # the run checkpoints, then SIGTERM reaches reproduce
+        checkpoint.checkpoint_dir(folder).mkdir(parents=True)
+        (checkpoint.checkpoint_dir(folder) / checkpoint.SERVER_FILE).write_bytes(b"x")
+        raise KeyboardInterrupt
+
+    def finished(cmd, log):
+        assert cmd[-1] == f"resume={folder}"
+        (folder / "summary.json").write_text(json.dumps({"status": "completed", "personalized_accuracy": 0.5,
+                                                         "wall_time_s": 60.0}))
+        return 0
+
+    monkeypatch.setattr(bench_round, "machine", lambda: gpu)
+    monkeypatch.setattr(rep, "run_child", stopped)
+    assert reproduce(load_table("tiny"), "cpu", [0], ["a"], tmp_path) == 130
+    record = json.loads((tmp_path / "reproduce.json").read_text())["runs"]["a/seed0"]
+    assert record["status"] == "interrupted" and record["machine"] == gpu and record["wall_s"] >= 0
+    assert "Runs: 0 recorded" in (tmp_path / "table.md").read_text()  # an unfinished run is not counted
+    monkeypatch.setattr(bench_round, "machine", lambda: cpu)
+    monkeypatch.setattr(rep, "run_child", finished)
+    assert reproduce(load_table("tiny"), "cpu", [0], ["a"], tmp_path) == 0
+    record = json.loads((tmp_path / "reproduce.json").read_text())["runs"]["a/seed0"]
+    assert record["status"] == "completed" and record["machine"] == cpu
+    assert [p["machine"] for p in record["earlier_parts"]] == [gpu] and "wall_s" in record["earlier_parts"][0]
+    assert "on x86_64 × 16 CPUs, NVIDIA H200; x86_64 × 2 CPUs" in (tmp_path / "table.md").read_text()
+
+
 def test_reproduce_runs_each_cell_and_seed_once_and_resumes(tiny, tmp_path, capsys):
     out = tmp_path / "out"
     table = load_table("tiny")
