@@ -5,8 +5,9 @@ Server: sends the final global model to every training client (``train.finetune`
 the mean local test accuracy before and after fine-tuning (and its spread over clients).
 Client: measures its local test accuracy, fine-tunes the head (on body features computed once,
 or, as the official FedRep code, in train mode on augmented batches: ``finetune.head_features``)
-or the full model (``finetune.part``; in train mode on augmented batches, as local training) for
-``finetune.epochs`` epochs, measures again and keeps the fine-tuned copy on the client: only
+or the full model (``finetune.part``; in train mode on augmented batches, as local training, with
+the FedProx term toward the received model where ``finetune.prox_mu`` > 0, as the official FedRep
+code's FedProx+FT) for ``finetune.epochs`` epochs, measures again and keeps the fine-tuned copy on the client: only
 metrics go back.
 """
 
@@ -22,10 +23,10 @@ from omegaconf import MISSING, DictConfig
 
 from protocols.base import PaperProtocol
 from strategies import ALGORITHMS
-from strategies.checks import nonnegative, positive, require
+from strategies.checks import nonnegative, one_of, positive, require
 from strategies.common import ARRAYS, CONFIG, NUM_EXAMPLES, ClientRuntime, failure_fields, fmt, reply
 from strategies.services import Services
-from task.learning.engine import train, train_head_in_train_mode, train_head_on_features
+from task.learning.engine import PROX_PULLS, train, train_head_in_train_mode, train_head_on_features
 from task.learning.metrics import client_spread
 
 SALT = 7919  # keeps fine-tuning shuffles distinct from any training round's
@@ -50,7 +51,7 @@ def finetune(rt: ClientRuntime, content: RecordDict) -> RecordDict:
         train_head_on_features(rt.model, rt.head, rt.train, optimizer, batch, generator, int(ft.epochs), rt.regression)
     else:  # the whole model, as local training: train mode, train.augment on every batch
         train(rt.model, rt.train, optimizer, batch, generator, epochs=int(ft.epochs), regression=rt.regression,
-              augment=rt.augment)
+              augment=rt.augment, prox_mu=float(ft.prox_mu), prox_pull=str(ft.prox_pull))
     after = rt.evaluate_local()
     rt.state[rt.state_key("finetuned-model")] = rt.arrays()
     metrics = {f"{k}_before": v for k, v in before.items() if k != NUM_EXAMPLES}
@@ -69,6 +70,10 @@ class FineTuneConfig:
     # head fine-tuning: on body features computed once, in eval mode without augmentation (``eval``), or
     # with the whole model in train mode on every (augmented) batch, as the official FedRep code (``train_mode``)
     head_features: Literal["eval", "train_mode"] = MISSING
+    # full fine-tuning: the FedProx term (prox_mu/2)·||w − w_received||², its pull entering as ``fedprox.pull``
+    # does (the official FedRep code's FedProx+FT keeps its FedProx optimizer: after_momentum); 0: none
+    prox_mu: float = nonnegative()
+    prox_pull: one_of(PROX_PULLS) = MISSING  # type: ignore[valid-type]
 
 
 class FineTuning(PaperProtocol):
@@ -84,6 +89,8 @@ class FineTuning(PaperProtocol):
                 f"+FT is available for {', '.join(supported)}, not '{cfg.algorithm}'")
         require(cfg.finetune.head_features == "eval" or cfg.finetune.part == "head", "finetune.head_features",
                 "train_mode applies to head fine-tuning (finetune.part=head)")
+        require(cfg.finetune.prox_mu == 0 or cfg.finetune.part == "full", "finetune.prox_mu",
+                "the proximal term applies to full fine-tuning (finetune.part=full)")
 
     def active(self, services: Services) -> bool:
         return bool(services.cfg.finetune.enabled)

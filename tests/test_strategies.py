@@ -167,6 +167,31 @@ def test_full_finetune_trains_every_layer_on_augmented_batches_as_local_training
     assert not torch.allclose(plain["fc1.1.weight"], tuned["fc1.1.weight"], atol=1e-4)
 
 
+@pytest.mark.parametrize("pull", ["gradient", "after_momentum"])
+def test_full_finetune_with_the_proximal_term_is_local_training_with_fedprox_pull(pull):
+    """finetune.prox_mu (the official FedRep code's FedProx+FT keeps its FedProx optimizer): the
+    same steps as engine.train with that pull toward the received model, which stays closer."""
+    settings = ["finetune.part=full", "train.momentum=0.5", f"finetune.prox_pull={pull}"]
+    pulled, start = finetuned([*settings, "finetune.prox_mu=5"])
+    rt = make_runtime(["algorithm=fedavg", "finetune.enabled=true", "finetune.epochs=5", "train.momentum=0.5"])
+    rt.model.load_state_dict(start)
+    rounds = int(rt.cfg.rounds)
+    train(rt.model, rt.train, rt.optimizer(rounds), int(rt.cfg.train.batch_size), rt.generator(rounds + 1, SALT),
+          epochs=5, prox_mu=5.0, prox_pull=pull)
+    for name, value in rt.model.state_dict().items():
+        torch.testing.assert_close(pulled[name], value, rtol=0, atol=0)
+    free, _ = finetuned(settings)
+    key = "fc1.1.weight"
+    assert (pulled[key] - start[key]).norm() < 0.9 * (free[key] - start[key]).norm()
+
+
+def test_the_finetune_proximal_term_needs_full_finetuning():
+    with pytest.raises(ConfigError, match="finetune.prox_mu"):
+        load_config("quickstart", ["finetune.prox_mu=1", "finetune.part=head"])
+    with pytest.raises(ConfigError, match="finetune.prox_pull"):
+        load_config("quickstart", ["finetune.prox_mu=1", "finetune.part=full", "finetune.prox_pull=before"])
+
+
 class FakeGrid:
     """Replies from a function of the message; ``None`` drops the reply."""
 
