@@ -7,8 +7,8 @@ Client: measures its local test accuracy, fine-tunes the head (on body features 
 or, as the official FedRep code, in train mode on augmented batches: ``finetune.head_features``)
 or the full model (``finetune.part``; in train mode on augmented batches, as local training, with
 the FedProx term toward the received model where ``finetune.prox_mu`` > 0, as the official FedRep
-code's FedProx+FT) for ``finetune.epochs`` epochs, measures again and keeps the fine-tuned copy on the client: only
-metrics go back.
+code's FedProx+FT) for ``finetune.epochs`` epochs, measures again and keeps the fine-tuned copy
+on the client: only metrics go back.
 """
 
 from __future__ import annotations
