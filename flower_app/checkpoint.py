@@ -117,7 +117,12 @@ def plain_config(cfg: DictConfig) -> dict[str, Any]:
 
 
 def config_differences(saved: dict[str, Any], cfg: DictConfig) -> list[str]:
-    """Dotted keys whose values differ between a checkpoint's config and ``cfg``."""
+    """Dotted keys whose values differ between a saved run config and ``cfg``. A key the saved
+    config lacks was added to the app after that run was written, and counts as its default
+    (:func:`flower_app.config.base_defaults`)."""
+    from flower_app.config import base_defaults
+
+    saved = _with_defaults(saved, base_defaults())
     now = plain_config(cfg)
     out: list[str] = []
 
@@ -131,6 +136,17 @@ def config_differences(saved: dict[str, Any], cfg: DictConfig) -> list[str]:
             out.append(prefix.rstrip("."))
 
     walk(saved, now, "")
+    return out
+
+
+def _with_defaults(saved: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """``saved`` with the keys it lacks, at any depth, taken from ``defaults``."""
+    out = dict(saved)
+    for key, value in defaults.items():
+        if key not in out:
+            out[key] = value
+        elif isinstance(out[key], dict) and isinstance(value, dict):
+            out[key] = _with_defaults(out[key], value)
     return out
 
 

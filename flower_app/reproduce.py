@@ -87,7 +87,7 @@ def check(table: Table, scale: str, jobs: list[Job], out: Path, settings: list[s
 def stale_keys(table: Table, scale: str, job: Job, folder: Path) -> list[str]:
     """The keys whose values in ``folder``'s run config differ from what the job asks for now
     (empty when the folder holds no run, or this job's). A key the run's config lacks (added to
-    the app later, with a default that keeps the earlier behaviour) does not count."""
+    the app later) counts as its default, so it is stale only where the job asks for another value."""
     import yaml
 
     from flower_app.config import load_config
@@ -97,7 +97,7 @@ def stale_keys(table: Table, scale: str, job: Job, folder: Path) -> list[str]:
         return []
     saved = yaml.safe_load(path.read_text()) or {}
     wanted = load_config(job.cell.experiment, [*job.cell.overrides_at(table, scale), f"seed={job.seed}", "compare=[]"])
-    return [key for key in checkpoint.config_differences(saved, wanted) if _present(saved, key)]
+    return checkpoint.config_differences(saved, wanted)
 
 
 def stale_reason(table: Table, scale: str, job: Job, folder: Path, manifest: dict) -> str | None:
@@ -111,15 +111,6 @@ def stale_reason(table: Table, scale: str, job: Job, folder: Path, manifest: dic
     if run_dir.run_files(folder) and revision < table.revision:
         return f"was run for revision {revision} of the table, which is now at revision {table.revision}"
     return None
-
-
-def _present(config: dict, key: str) -> bool:
-    node = config
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return False
-        node = node[part]
-    return True
 
 
 def load_manifest(out: Path) -> dict | None:

@@ -131,9 +131,11 @@ def test_a_run_made_with_other_settings_is_moved_aside_and_run_again(tiny, tmp_p
                                  resolve=True)
     (folder / "config.yaml").write_text(yaml.safe_dump(cfg))
     assert rep.stale_keys(table, "cpu", job, folder) == []  # this cell's run
-    del cfg["train"]["aggregation"]  # a key added to the app later does not count
+    del cfg["train"]["aggregation"]  # a key added to the app later counts as its default ...
     (folder / "config.yaml").write_text(yaml.safe_dump(cfg))
     assert rep.stale_keys(table, "cpu", job, folder) == []
+    (folder / "config.yaml").write_text(yaml.safe_dump({k: v for k, v in cfg.items() if k != "rounds"}))
+    assert rep.stale_keys(table, "cpu", job, folder) == ["rounds"]  # ... which the scale's rounds=2 is not
     cfg["rounds"], cfg["train"]["lr"] = 3, 0.5  # the table's cell changed since
     (folder / "config.yaml").write_text(yaml.safe_dump(cfg))
     assert rep.stale_keys(table, "cpu", job, folder) == ["rounds", "train.lr"]

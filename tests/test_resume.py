@@ -85,6 +85,20 @@ def test_resume_refuses_another_config_or_a_missing_checkpoint(tmp_path):
         _run(LocalGrid, f"{common} resume={tmp_path / 'elsewhere'}")
 
 
+def test_a_checkpoint_written_before_a_key_existed_resumes_at_that_keys_default(tmp_path):
+    import torch
+
+    common = f"{BASE} algorithm=fedavg rounds=2 finetune.enabled=true finetune.part=full finetune.epochs=1"
+    _run(LocalGrid, f"{common} out_dir={tmp_path / 'run'}")
+    path = tmp_path / "run" / "checkpoint" / "server.pt"
+    state = torch.load(path, weights_only=False)
+    del state["config"]["finetune"]["prox_mu"], state["config"]["fedprox"]  # as written before they existed
+    torch.save(state, path)
+    with pytest.raises(ConfigError, match=r"resume=.*other values of finetune\.prox_mu; "):
+        _run(LocalGrid, f"{common} finetune.prox_mu=1 resume={tmp_path / 'run'}")
+    assert _run(LocalGrid, f"{common} resume={tmp_path / 'run'}")["status"] == "completed"
+
+
 RESTART_AFTER = 2
 
 
