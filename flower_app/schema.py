@@ -104,6 +104,7 @@ class TrainConfig:
     lr: float = positive()
     momentum: float = nonnegative()
     weight_decay: float = nonnegative()
+    decay_biases: bool = MISSING
     nesterov: bool = MISSING
     lr_decay: float = positive()
     augment: Literal["none", "crop_flip"] = MISSING

@@ -49,6 +49,7 @@ class ClientRuntime:
             momentum=float(t.momentum),
             weight_decay=float(t.weight_decay),
             nesterov=bool(t.nesterov),
+            decay_biases=bool(t.decay_biases),
         )
 
     def state_key(self, name: str) -> str:

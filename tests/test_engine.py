@@ -97,6 +97,23 @@ def test_prox_pull_after_momentum_is_the_official_fedprox_step(momentum):
     assert same == (momentum == 0.0)
 
 
+def test_without_bias_decay_only_the_weights_decay():
+    def one_step(weight_decay: float, decay_biases: bool) -> dict[str, torch.Tensor]:
+        model = _model()
+        train(model, _data(), OptimizerConfig(0.1, momentum=0.5, weight_decay=weight_decay, decay_biases=decay_biases),
+              8, torch.Generator().manual_seed(0), steps=1)
+        return {name: p.detach() for name, p in model.named_parameters()}
+
+    plain, official, decayed = one_step(0.0, True), one_step(0.5, False), one_step(0.5, True)
+    biases = [name for name in plain if "bias" in name]
+    assert biases and len(biases) < len(plain)
+    for name in plain:
+        if name in biases:
+            assert torch.equal(official[name], plain[name]) and not torch.equal(decayed[name], plain[name]), name
+        else:
+            assert not torch.equal(official[name], plain[name]) and torch.equal(official[name], decayed[name]), name
+
+
 def test_an_unknown_prox_pull_is_refused():
     with pytest.raises(ValueError, match="prox_pull.*'loss'"):
         train(_model(), _data(8), OptimizerConfig(lr=0.1), 8, torch.Generator().manual_seed(0), steps=1,
@@ -244,7 +261,7 @@ def test_a_bf16_context_around_a_whole_training_loop_trains_as_per_step_autocast
     opt = OptimizerConfig(0.05, momentum=0.5)
     with precision("bf16", torch.device("cpu")):
         train(model, data, opt, 10, torch.Generator().manual_seed(1), epochs=2)
-    sgd = opt.build(list(reference.parameters()))
+    sgd = opt.build(list(reference.parameters()), reference)
     reference.train()
     generator = torch.Generator().manual_seed(1)
     for _ in range(2):

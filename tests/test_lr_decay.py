@@ -71,6 +71,11 @@ def _same(a: dict, b: dict) -> None:
         assert np.allclose(a[key], b[key], rtol=1e-6, atol=1e-7), key
 
 
+def test_the_client_optimizer_carries_the_train_settings():
+    opt = make_runtime(["train.momentum=0.9", "train.weight_decay=0.001", "train.decay_biases=false"]).optimizer(1)
+    assert (opt.momentum, opt.weight_decay, opt.decay_biases) == (0.9, 0.001, False)
+
+
 def test_round_lr_is_the_decayed_rate():
     rt = make_runtime(DECAYED)
     assert round_lr(rt.cfg, 1) == pytest.approx(0.4)

@@ -41,7 +41,7 @@ def _engine_epoch(model, x, y, batch, seed, precision_name: str = "fp32") -> Non
 def _dataloader_epoch(model, x, y, batch, seed) -> None:
     torch.manual_seed(seed)
     loader = DataLoader(TensorDataset(x.cpu(), y.cpu()), batch_size=batch, shuffle=True)
-    opt = OPT.build(list(model.parameters()))
+    opt = OPT.build(list(model.parameters()), model)
     model.train()
     device = x.device
     for xb, yb in loader:

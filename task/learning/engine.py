@@ -28,11 +28,20 @@ class OptimizerConfig:
     momentum: float = 0.0
     weight_decay: float = 0.0
     nesterov: bool = False
+    decay_biases: bool = True  # False: parameters named *bias* train without weight decay
 
-    def build(self, params: Sequence[nn.Parameter]) -> torch.optim.Optimizer:
-        """A fresh SGD optimizer over ``params`` (momentum buffers start at zero)."""
+    def build(self, params: Sequence[nn.Parameter], model: nn.Module) -> torch.optim.Optimizer:
+        """A fresh SGD optimizer over ``params`` of ``model`` (momentum buffers start at zero).
+        Without ``decay_biases``, the parameters whose names in ``model`` contain ``bias`` form a
+        group without weight decay (the official FedRep code's SGD, models/Update.py)."""
+        params = list(params)
+        groups: list = params
+        if not self.decay_biases:
+            biases = {id(p) for name, p in model.named_parameters() if "bias" in name}
+            groups = [{"params": [p for p in params if id(p) not in biases]},
+                      {"params": [p for p in params if id(p) in biases], "weight_decay": 0.0}]
         return torch.optim.SGD(
-            params,
+            groups,
             lr=self.lr,
             momentum=self.momentum,
             weight_decay=self.weight_decay,
@@ -238,7 +247,7 @@ def train(
     """
     transform = AUGMENTATIONS[augment] if augment else None
     trainable = list(params) if params is not None else list(model.parameters())
-    opt = optimizer.build(trainable)
+    opt = optimizer.build(trainable, model)
     if prox_pull not in PROX_PULLS:
         raise ValueError(f"prox_pull: {prox_pull!r} is not one of {PROX_PULLS}")
     anchors = [p.detach().clone() for p in trainable] if prox_mu > 0 else None

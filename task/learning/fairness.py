@@ -65,7 +65,7 @@ def train_fair(
     adv_params = list(model.adversary.parameters())
     adv_ids = {id(p) for p in adv_params}
     model_params = [p for p in model.parameters() if id(p) not in adv_ids]
-    adv_opt, model_opt = optimizer.build(adv_params), optimizer.build(model_params)
+    adv_opt, model_opt = optimizer.build(adv_params, model), optimizer.build(model_params, model)
     lam = torch.as_tensor(list(lambdas), dtype=torch.float32, device=data.x.device)
     model.train()
     total = torch.zeros((), device=data.x.device)
@@ -129,7 +129,7 @@ def postfit_adversary_auc(model: nn.Module, train: TensorData, test: TensorData,
         raise ValueError("the post-fit check needs the protected attributes of the samples")
     fresh = _fresh_copy(model.adversary, generator)
     h_train, h_test = representations(model, train.x), representations(model, test.x)
-    opt = optimizer.build(list(fresh.parameters()))
+    opt = optimizer.build(list(fresh.parameters()), fresh)
     fresh.train()
     for idx in step_batches(len(train), batch_size, generator, train.x.device, epochs, None):
         opt.zero_grad(set_to_none=True)

@@ -122,8 +122,8 @@ def train_custom(model: FairMLP, data: TensorData, optimizer: OptimizerConfig, b
     """
     adv_params = list(model.adversary.parameters())
     adv_ids = {id(p) for p in adv_params}
-    adv_opt = optimizer.build(adv_params)
-    model_opt = optimizer.build([p for p in model.parameters() if id(p) not in adv_ids])
+    adv_opt = optimizer.build(adv_params, model)
+    model_opt = optimizer.build([p for p in model.parameters() if id(p) not in adv_ids], model)
     lam = torch.as_tensor(lambdas, dtype=torch.float32)
     model.train()
     for idx in step_batches(len(data), batch_size, generator, data.x.device, epochs, None):
