@@ -81,10 +81,10 @@ def load_config(experiment: str, overrides: str | Iterable[str] = ()) -> DictCon
     return cfg
 
 
-@functools.cache
 def base_defaults() -> dict:
-    """The schema merged with ``conf/base.yaml``, as plain data: the value of a key in a run
-    written before the key existed (a key is added with the default that keeps what runs did)."""
+    """The schema (of the algorithms registered now) merged with ``conf/base.yaml``, as plain
+    data: the value of a key in a run written before the key existed (a key is added with the
+    default that keeps what runs did)."""
     cfg = OmegaConf.merge(OmegaConf.structured(run_schema()), OmegaConf.load(CONF_DIR / "base.yaml"))
     return OmegaConf.to_container(cfg, resolve=False)
 
