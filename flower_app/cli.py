@@ -378,10 +378,18 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         if not args.table or not args.out:
             print("flrep: reproduce needs a table and --out DIR (or --list)", file=sys.stderr)
             return 2
-        from flower_app.reproduce import reproduce
+        from flower_app.reproduce import AppChanged, reproduce
 
-        return reproduce(load_table(args.table), args.scale, list(args.seeds), args.only,
-                         Path(args.out).expanduser().resolve(), args.set or [])
+        out = Path(args.out).expanduser().resolve()
+        try:
+            return reproduce(load_table(args.table), args.scale, list(args.seeds), args.only, out, args.set or [])
+        except AppChanged as changed:
+            again = [sys.executable, "-m", "flower_app.cli", "reproduce", args.table, "--scale", args.scale,
+                     "--seeds", *map(str, args.seeds), "--out", str(out),
+                     *(["--only", *args.only] if args.only else []), *(["--set", *args.set] if args.set else [])]
+            print(f"[reproduce] {changed}; starting the same command again with the new app", flush=True)
+            sys.stderr.flush()
+            os.execv(sys.executable, again)
     except ConfigError as err:
         print(f"flrep: configuration error: {err}", file=sys.stderr)
         return 2

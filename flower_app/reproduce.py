@@ -198,11 +198,20 @@ def reproduce(table: Table, scale: str, seeds: list[int], only: list[str] | None
             failed.append(job.key)
             print(f"[reproduce] {job.key} failed (exit {code}); its log: {folder.parent / f'seed{job.seed}.log'}",
                   file=sys.stderr, flush=True)
-        write_report(table, scale, out, manifest)
+        try:
+            write_report(table, scale, out, manifest)
+        except ConfigError as err:  # the run is recorded; this process's schema is older than the files
+            raise AppChanged(f"{job.key} is recorded as {status}, but the table could not be re-read ({err}): "
+                             "the app (conf/ or its code) changed while this command ran") from None
     if not todo:
         write_report(table, scale, out, manifest)
     print(f"[reproduce] table in {out / 'table.md'}" + (f"; {len(failed)} runs failed: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
+
+
+class AppChanged(Exception):
+    """The app changed under a running ``flrep reproduce`` (its schema is older than ``conf/``):
+    every run so far is recorded, and the same command, started again, continues with the new app."""
 
 
 def earlier_parts(record: dict | None) -> list[dict]:

@@ -160,6 +160,55 @@ def test_each_run_records_the_commit_it_started_with(tiny, tmp_path, monkeypatch
     assert (runs["a/seed0"]["commit"], runs["a/seed1"]["commit"]) == ("aaa", "bbb+changes")
 
 
+def test_a_table_whose_app_changes_beneath_it_records_the_run_and_starts_again(tiny, tmp_path, capsys, monkeypatch):
+    """A key added to conf/ while a table runs is unknown to the running command's schema: the run
+    is recorded, and the command starts itself again (with the new app) to continue the table."""
+    import os
+
+    import yaml
+    from omegaconf import OmegaConf
+
+    from flower_app import cli
+    from flower_app import config as app_config
+    from flower_app import reproduce as rep
+
+    out = tmp_path / "out"
+    cfg = OmegaConf.to_container(app_config.load_config("quickstart", ["algorithm=fedavg", "rounds=2", "seed=0",
+                                                                       "compare=[]"]), resolve=True)
+
+    def child_under_a_new_app(cmd, log):
+        _fake_run(out, "a", 0, 0.5)
+        (out / "runs" / "a" / "seed0" / "config.yaml").write_text(yaml.safe_dump(cfg))
+
+        def newer_conf(*args, **kwargs):
+            raise ConfigError("train.new_key: unknown key")
+
+        monkeypatch.setattr(app_config, "load_config", newer_conf)
+        return 0
+
+    class Exec(Exception):
+        pass
+
+    def execv(path, argv):
+        raise Exec(argv)
+
+    ran = []
+    monkeypatch.setattr(rep, "run_child", lambda cmd, log: ran.append(cmd) or child_under_a_new_app(cmd, log))
+    monkeypatch.setattr(os, "execv", execv)
+    argv = ["reproduce", "tiny", "--seeds", "0", "1", "--only", "a", "--out", str(out), "--set", "wandb.enabled=false"]
+    with pytest.raises(Exec) as again:
+        flrep(argv)
+    assert len(ran) == 1  # seed 1 is left to the new command
+    record = json.loads((out / "reproduce.json").read_text())["runs"]["a/seed0"]
+    assert record["status"] == "completed"
+    said = capsys.readouterr().out
+    assert "a/seed0 is recorded as completed" in said and "train.new_key: unknown key" in said
+    assert "changed while this command ran; starting the same command again" in said
+    restarted = again.value.args[0]
+    assert restarted[1:3] == ["-m", "flower_app.cli"]
+    assert vars(cli.parse_args(restarted[3:])) == vars(cli.parse_args(argv)) | {"out": str(out)}
+
+
 def test_runs_of_an_older_table_revision_are_moved_aside_and_run_again(tiny, tmp_path, capsys, monkeypatch):
     from flower_app import reproduce as rep
 
