@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import functools
 import time
+import zlib
 
 import numpy as np
 import torch
@@ -26,7 +27,7 @@ from protocols import PROTOCOLS
 from strategies import ALGORITHMS
 from strategies.common import ARRAYS, ClientRuntime, reply, round_config
 from strategies.state_store import NODE_CACHE, in_simulation
-from task.learning.engine import TensorData, fast_layout, precision
+from task.learning.engine import TensorData, derived_seed, fast_layout, precision
 from task.learning.fairness import attribute_matrix
 from task.errors import ConfigError
 from task.data.datasets.images import ImageArray
@@ -172,6 +173,10 @@ def _route(msg: Message, context: Context) -> Message:
         if kind != "evaluate":
             raise ValueError(f"{kind} has no handler in algorithm {rt.cfg.algorithm!r} or any protocol")
         handler = evaluate_global_model
+    # dropout draws from torch's global generators: seed them from (seed, round, client, message
+    # type), as the shuffling generators, so a run repeats exactly whichever process serves a client
+    server_round = int(round_config(msg.content).get("server-round", 0))
+    torch.manual_seed(derived_seed(int(rt.cfg.seed), server_round, rt.partition_id, zlib.crc32(kind.encode())))
     ready = time.perf_counter()
     with precision(str(rt.cfg.train.precision), rt.device):
         content = handler(rt, msg.content)

@@ -123,3 +123,33 @@ def test_fair_lg_run_keeps_representation_and_adversary_on_the_clients(tmp_path)
     for key in ("class_auc", "adversary_auc", "adversary_auc_race", "adversary_auc_sex", "postfit_auc"):
         assert 0.0 <= summary[key] <= 1.0
     assert 0.5 < summary["personalized_accuracy"] <= 1.0
+
+
+def test_a_run_with_dropout_repeats_exactly_whatever_the_processes_random_state(tmp_path, monkeypatch):
+    """``adult_fair`` has dropout, which draws from torch's global generator. A client seeds it
+    per message from (seed, round, client, type), so the same seed gives the same numbers
+    whichever worker process, with whatever earlier draws, serves each client."""
+    import tests.local_grid
+
+    shared("adult")
+    app, results = tests.local_grid.client_app, []
+    for history in (1, 2):
+        messages = iter(range(10**6))
+
+        def served_by_another_process(msg, context, history=history, messages=messages):
+            torch.manual_seed(1000 * history + next(messages))  # that process's earlier draws
+            return app(msg, context)
+
+        monkeypatch.setattr(tests.local_grid, "client_app", served_by_another_process)
+        overrides = (f"wandb.enabled=false out_dir={tmp_path / str(history)} compare=[] rounds=2 "
+                     "train.local_epochs=1 fair.pretrain_epochs=1 fair.postfit_epochs=1")
+        grid = LocalGrid(10, {"experiment": "lg_fair_adult", "overrides": overrides})
+        run_variants(grid, load_variants("lg_fair_adult", overrides.split()))
+        results.append([rep.content[ARRAYS] for rep in grid.replies
+                        if rep.metadata.message_type == "train" and ARRAYS in rep.content])
+    first, second = results
+    assert len(first) == len(second) > 0
+    for a, b in zip(first, second):
+        assert set(a) == set(b)
+        for key in a:
+            assert np.array_equal(a[key].numpy(), b[key].numpy()), key

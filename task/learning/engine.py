@@ -450,7 +450,11 @@ def predict_features(model: nn.Module, head: Sequence[str], x: torch.Tensor, bat
     return torch.cat(chunks)
 
 
+def derived_seed(*parts: int) -> int:
+    """A 32-bit seed that is a deterministic function of integer ``parts``."""
+    return int(np.random.SeedSequence([int(p) & 0xFFFFFFFF for p in parts]).generate_state(1)[0])
+
+
 def seeded_generator(*parts: int) -> torch.Generator:
     """A CPU generator whose seed is a deterministic function of integer ``parts``."""
-    seed = int(np.random.SeedSequence([int(p) & 0xFFFFFFFF for p in parts]).generate_state(1)[0])
-    return torch.Generator().manual_seed(seed)
+    return torch.Generator().manual_seed(derived_seed(*parts))
