@@ -1,6 +1,7 @@
 """Fair local representations (LG-FedAvg Section 3.3, Table 4): data, objective, metrics, protocol."""
 
 import copy
+import itertools
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from task.learning.engine import OptimizerConfig, TensorData
 from task.errors import ConfigError
 from task.learning.fairness import adversary_loss, postfit_adversary_auc, train_fair
 from task.learning.models import FairMLP
+from tests import local_grid
 from tests.local_grid import LocalGrid
 from tests.offline_data import shared
 
@@ -129,18 +131,16 @@ def test_a_run_with_dropout_repeats_exactly_whatever_the_processes_random_state(
     """``adult_fair`` has dropout, which draws from torch's global generator. A client seeds it
     per message from (seed, round, client, type), so the same seed gives the same numbers
     whichever worker process, with whatever earlier draws, serves each client."""
-    import tests.local_grid
-
     shared("adult")
-    app, results = tests.local_grid.client_app, []
+    app, results = local_grid.client_app, []
     for history in (1, 2):
-        messages = iter(range(10**6))
+        messages = itertools.count()
 
         def served_by_another_process(msg, context, history=history, messages=messages):
             torch.manual_seed(1000 * history + next(messages))  # that process's earlier draws
             return app(msg, context)
 
-        monkeypatch.setattr(tests.local_grid, "client_app", served_by_another_process)
+        monkeypatch.setattr(local_grid, "client_app", served_by_another_process)
         overrides = (f"wandb.enabled=false out_dir={tmp_path / str(history)} compare=[] rounds=2 "
                      "train.local_epochs=1 fair.pretrain_epochs=1 fair.postfit_epochs=1")
         grid = LocalGrid(10, {"experiment": "lg_fair_adult", "overrides": overrides})
