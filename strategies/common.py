@@ -67,30 +67,34 @@ class ClientRuntime:
 
     def local_training(self, config: ConfigRecord, prox_mu: float = 0.0, prox_pull: str = "gradient",
                        params: list[torch.nn.Parameter] | None = None,
-                       grad_correction: list[torch.Tensor] | None = None) -> TrainResult:
-        """The configured local epochs (or exact steps) at this round's learning rate,
+                       grad_correction: list[torch.Tensor] | None = None,
+                       prox_anchor: list[torch.Tensor] | None = None, lr: float | None = None,
+                       salt: int = 0) -> TrainResult:
+        """The configured local epochs (or exact steps) at this round's learning rate (or ``lr``),
         updating only ``params`` when given (default: the whole model), with FedProx's pull
-        ``prox_mu`` entering as ``prox_pull`` says (:func:`task.learning.engine.train`) and
-        ``grad_correction`` added to every gradient (SCAFFOLD)."""
+        ``prox_mu`` toward the start (or toward ``prox_anchor``) entering as ``prox_pull`` says
+        (:func:`task.learning.engine.train`) and ``grad_correction`` added to every gradient
+        (SCAFFOLD); ``salt`` gives a second training of the same round its own shuffling."""
         t = self.cfg.train
         server_round = int(config["server-round"])
         if isinstance(self.model, FairMLP):
             if params is not None or prox_mu or t.local_steps is not None or grad_correction is not None:
                 raise ValueError("fair training (model adult_fair) runs whole local epochs of the whole model")
-            return train_fair(self.model, self.train, self.optimizer(server_round), int(t.batch_size),
-                              self.generator(server_round), int(t.local_epochs),
+            return train_fair(self.model, self.train, self.optimizer(server_round, lr), int(t.batch_size),
+                              self.generator(server_round, salt), int(t.local_epochs),
                               list(self.cfg.fair.lambdas), bool(self.cfg.fair.adversarial))
         return train(
             self.model,
             self.train,
-            self.optimizer(server_round),
+            self.optimizer(server_round, lr),
             batch_size=int(t.batch_size),
-            generator=self.generator(server_round),
+            generator=self.generator(server_round, salt),
             epochs=int(t.local_epochs),
             steps=t.local_steps,
             params=params,
             prox_mu=prox_mu,
             prox_pull=prox_pull,
+            prox_anchor=prox_anchor,
             regression=self.regression,
             augment=self.augment,
             grad_correction=grad_correction,

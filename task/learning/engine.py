@@ -228,6 +228,7 @@ def train(
     params: Sequence[nn.Parameter] | None = None,
     prox_mu: float = 0.0,
     prox_pull: str = "gradient",
+    prox_anchor: Sequence[torch.Tensor] | None = None,
     regression: bool = False,
     augment: str | None = None,
     grad_correction: Sequence[torch.Tensor] | None = None,
@@ -238,7 +239,8 @@ def train(
     mini-batch steps. Only ``params`` are updated (default: all parameters). With
     ``prox_mu > 0`` the FedProx term (mu/2)·||w − w_start||² over the trained parameters
     pulls toward the start; ``prox_pull`` (:data:`PROX_PULLS`) says where its pull
-    mu·(w − w_start) enters: ``gradient`` adds it to the loss's gradient, so momentum carries it
+    mu·(w − w_start) enters (``prox_anchor``, one tensor per trained parameter, replaces w_start:
+    Ditto's personal model is pulled toward the received global model): ``gradient`` adds it to the loss's gradient, so momentum carries it
     (FedProx's objective), ``after_momentum`` adds it to the step after the optimizer's
     momentum, w ← w − lr·(momentum step + mu·(w − w_start)) (the FedProx optimizer of the
     official FedRep code, ``FedProx.py``). ``augment`` names an on-device augmentation of each batch
@@ -250,7 +252,12 @@ def train(
     opt = optimizer.build(trainable, model)
     if prox_pull not in PROX_PULLS:
         raise ValueError(f"prox_pull: {prox_pull!r} is not one of {PROX_PULLS}")
-    anchors = [p.detach().clone() for p in trainable] if prox_mu > 0 else None
+    if prox_mu <= 0:
+        anchors = None
+    elif prox_anchor is not None:
+        anchors = [a.detach().to(p.device) for p, a in zip(trainable, prox_anchor, strict=True)]
+    else:
+        anchors = [p.detach().clone() for p in trainable]
     pull_in_gradient = anchors is not None and prox_pull == "gradient"
     pull_after_step = anchors is not None and prox_pull == "after_momentum"
     loss_fn = loss_function(regression)

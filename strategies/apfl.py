@@ -1,0 +1,105 @@
+"""APFL (Deng, Kamani, Mahdavi, 2020, Algorithm 1): each client mixes a personal model v,
+kept on the client, with the global model w: v̄ = αv + (1 − α)w.
+
+Server: FedAvg of w (weights: ``train.aggregation``).
+Client: from the received w^t, w and its own v (the run's common initial weights the first time,
+as the official code's ``w_locals``) train side by side on the same batches for the usual local
+epochs, each with its own SGD state: w on f_i(w), v on f_i(v̄) with v̄ formed from the w of
+before each step (:func:`task.learning.mixture.train_mixture`). The reply is the new w; v stays.
+α is ``apfl.alpha``, fixed (the official FedRep code, ``--alpha_apfl 0.75``, and the FedRep
+paper) or, with ``apfl.adaptive``, the APFL paper's adaptive α: each client starts from
+``apfl.alpha`` and steps it along ∂f_i(v̄)/∂α at the client rate, kept in [0, 1] on the client.
+Evaluation scores v̄ = αv + (1 − α)w with the current w on the client's local test split.
+
+The official ``LocalUpdateAPFL`` trains v through αv + αw (a slip for αv + (1 − α)w: its
+evaluation, ``main_apfl.py``, mixes with 1 − α) and steps v with w's optimizer and momentum;
+we follow the paper's mixture and give v its own optimizer.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from flwr.app import RecordDict
+from flwr.serverapp.strategy import Strategy
+from omegaconf import MISSING, DictConfig
+
+from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, WeightedAverage, all_keys, register
+from strategies.checks import require, unit_interval
+from strategies.common import ARRAYS, NUM_EXAMPLES, ClientRuntime, reply, round_config
+from strategies.state_store import keep_arrays, kept_arrays
+from task.learning.mixture import mixed_state, train_mixture
+
+PERSONAL = "personal-model"
+MIXING_WEIGHT = "mixing-weight"
+
+
+class APFLServer(ServerHooks, WeightedAverage):
+    """FedAvg of the global model w."""
+
+
+def make_strategy(cfg: DictConfig) -> Strategy:
+    """APFL's server half: plain FedAvg."""
+    return APFLServer(**TAKE_ALL_NODES).average_as(cfg)
+
+
+def personal_state(rt: ClientRuntime) -> dict[str, torch.Tensor]:
+    """The client's own v (the run's initial weights if it has none yet)."""
+    own = kept_arrays(rt, PERSONAL)
+    return own if own is not None else {k: v.clone() for k, v in rt.initial_state.items()}
+
+
+def mixing_weight(rt: ClientRuntime) -> float:
+    """The client's α: ``apfl.alpha``, or its adapted value when ``apfl.adaptive``."""
+    kept = kept_arrays(rt, MIXING_WEIGHT) if rt.cfg.apfl.adaptive else None
+    return float(kept["alpha"]) if kept is not None else float(rt.cfg.apfl.alpha)
+
+
+def train_apfl(rt: ClientRuntime, content: RecordDict) -> RecordDict:
+    """w and the kept v side by side on the same batches; send w, keep v (and α when adaptive)."""
+    config = round_config(content)
+    server_round = int(config["server-round"])
+    rt.load(content[ARRAYS])
+    personal = copy.deepcopy(rt.model)
+    personal.load_state_dict(personal_state(rt))
+    t = rt.cfg.train
+    result, alpha = train_mixture(rt.model, personal, mixing_weight(rt), rt.train, rt.optimizer(server_round),
+                                  int(t.batch_size), rt.generator(server_round), int(t.local_epochs), t.local_steps,
+                                  adaptive=bool(rt.cfg.apfl.adaptive), regression=rt.regression, augment=rt.augment)
+    keep_arrays(rt, PERSONAL, personal.state_dict())
+    if rt.cfg.apfl.adaptive:
+        keep_arrays(rt, MIXING_WEIGHT, {"alpha": torch.tensor([alpha])})
+    return reply(rt.arrays(), train_loss=result.mean_loss, local_steps=result.steps, alpha=alpha,
+                 **{NUM_EXAMPLES: len(rt.train)})
+
+
+def evaluate_mixture(rt: ClientRuntime, content: RecordDict) -> RecordDict:
+    """Score v̄ = αv + (1 − α)w, with the received w, on the local test split."""
+    rt.load(content[ARRAYS])
+    rt.model.load_state_dict(mixed_state(personal_state(rt), rt.model.state_dict(), mixing_weight(rt)))
+    return reply(None, **rt.evaluate_local())
+
+
+@dataclass
+class APFLConfig:
+    """``apfl.*``."""
+
+    alpha: float = unit_interval()  # α, the personal model's share of the mixture (the start when adaptive)
+    adaptive: bool = MISSING  # the APFL paper's adaptive α (per client) instead of a fixed one
+
+
+def check(cfg: DictConfig) -> None:
+    """APFL trains whole models with plain SGD: not the fair model's adversarial training."""
+    require(cfg.model.name != "adult_fair", "algorithm", "apfl does not train model.name=adult_fair (fair training)")
+
+
+ALGORITHM = register(Algorithm(
+    name="apfl",
+    make_strategy=make_strategy,
+    handlers={"train": train_apfl, "evaluate": evaluate_mixture},
+    shared_keys=all_keys,
+    config=APFLConfig,
+    check=check,
+))

@@ -1,0 +1,98 @@
+"""Ditto (Li, Hu, Beirami, Smith, 2021, Algorithm 1): FedAvg on a global model w, and a personal
+model v on each client, kept there, trained on f_i(v) + (λ/2)·‖v − w‖².
+
+Server: FedAvg of w (weights: ``train.aggregation``).
+Client: from the received w^t, the usual local epochs of SGD on f_i (the reply: the new w);
+then its own v (the run's common initial weights the first time, as the official code's
+``w_locals``) trained for the same local epochs toward w^t, λ = ``ditto.lam``. Where the pull
+λ(v − w^t) enters is ``ditto.pull``: ``gradient`` (Ditto's objective; the client's momentum
+carries it) or ``after_momentum`` (the official FedRep code, ``models/Update.py``
+``LocalUpdateDitto``: v ← v_step − lr·λ(v − w^t) after the momentum step). v never leaves the client.
+Evaluation (the server sends no arrays) scores v on the client's local test split (a never-sampled client: the initial
+weights, as the official code does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+from omegaconf import MISSING, DictConfig
+
+from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, WeightedAverage, all_keys, register
+from strategies.checks import nonnegative, one_of, require
+from strategies.common import ARRAYS, NUM_EXAMPLES, ClientRuntime, reply, round_config
+from strategies.state_store import keep_arrays, kept_arrays
+from task.learning.engine import PROX_PULLS
+
+PERSONAL = "personal-model"
+PERSONAL_SALT = 0xD1770  # the personal model's batches are shuffled apart from the global model's
+
+
+class DittoServer(ServerHooks, WeightedAverage):
+    """FedAvg of the global model w; evaluation asks the clients to score their own v (no arrays sent)."""
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        return super().configure_evaluate(server_round, ArrayRecord(), config, grid)
+
+
+def make_strategy(cfg: DictConfig) -> Strategy:
+    """Ditto's server half: plain FedAvg."""
+    return DittoServer(**TAKE_ALL_NODES).average_as(cfg)
+
+
+def load_personal_model(rt: ClientRuntime) -> None:
+    """Put the client's own v into the model (the run's initial weights if it has none yet)."""
+    own = kept_arrays(rt, PERSONAL)
+    if own is not None:
+        rt.model.load_state_dict(own)
+    else:
+        rt.reset_model()
+
+
+def train_ditto(rt: ClientRuntime, content: RecordDict) -> RecordDict:
+    """Local SGD of w from w^t (sent back), then of the kept v pulled toward w^t (kept)."""
+    config = round_config(content)
+    rt.load(content[ARRAYS])
+    received = [p.detach().clone() for p in rt.model.parameters()]
+    global_result = rt.local_training(config)
+    new_global = rt.arrays()
+    load_personal_model(rt)
+    personal_result = rt.local_training(config, prox_mu=float(rt.cfg.ditto.lam), prox_pull=str(rt.cfg.ditto.pull),
+                                        prox_anchor=received, salt=PERSONAL_SALT)
+    keep_arrays(rt, PERSONAL, rt.model.state_dict())
+    return reply(new_global, train_loss=global_result.mean_loss, personal_loss=personal_result.mean_loss,
+                 local_steps=global_result.steps, **{NUM_EXAMPLES: len(rt.train)})
+
+
+def evaluate_personal(rt: ClientRuntime, content: RecordDict) -> RecordDict:
+    """Score the client's own v on its local test split."""
+    load_personal_model(rt)
+    return reply(None, **rt.evaluate_local())
+
+
+@dataclass
+class DittoConfig:
+    """``ditto.*``."""
+
+    lam: float = nonnegative()  # λ: the pull of the personal model toward the global one
+    pull: one_of(PROX_PULLS) = MISSING  # type: ignore[valid-type]  # where λ(v − w^t) enters the personal step
+
+
+def check(cfg: DictConfig) -> None:
+    """Ditto pulls toward w with plain SGD: not the fair model's adversarial training."""
+    require(cfg.model.name != "adult_fair", "algorithm", "ditto does not train model.name=adult_fair (fair training)")
+
+
+ALGORITHM = register(Algorithm(
+    name="ditto",
+    make_strategy=make_strategy,
+    handlers={"train": train_ditto, "evaluate": evaluate_personal},
+    shared_keys=all_keys,
+    config=DittoConfig,
+    check=check,
+))

@@ -1,0 +1,58 @@
+"""APFL's local loop: a global model w and a personal model v trained side by side on the same
+batches, v through the mixture v̄ = αv + (1 − α)w (Deng, Kamani, Mahdavi 2020, Algorithm 1)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from task.learning.engine import AUGMENTATIONS, OptimizerConfig, TensorData, TrainResult, loss_function, step_batches
+
+
+def mixed_state(personal: dict[str, torch.Tensor], global_: dict[str, torch.Tensor],
+                alpha: float) -> dict[str, torch.Tensor]:
+    """αv + (1 − α)w for every floating-point entry; other entries (counters) from w."""
+    return {k: alpha * personal[k] + (1.0 - alpha) * w if w.is_floating_point() else w for k, w in global_.items()}
+
+
+def train_mixture(global_model: nn.Module, personal_model: nn.Module, alpha: float, data: TensorData,
+                  optimizer: OptimizerConfig, batch_size: int, generator: torch.Generator,
+                  epochs: int | None = 1, steps: int | None = None, adaptive: bool = False,
+                  regression: bool = False, augment: str | None = None) -> tuple[TrainResult, float]:
+    """Train both models in place; returns w's training result and the (possibly updated) α.
+
+    Each batch: w ← w − lr·∇f(w); v ← v − lr·∇_v f(v̄) = v − lr·α∇f(v̄), v̄ formed with the
+    w of before the step; with ``adaptive``, also α ← α − lr·∂f(v̄)/∂α = α − lr·⟨v − w, ∇f(v̄)⟩,
+    kept in [0, 1]. Each model has its own optimizer (momentum, weight decay) of ``optimizer``.
+    """
+    transform = AUGMENTATIONS[augment] if augment else None
+    loss_fn = loss_function(regression)
+    names = [name for name, _ in personal_model.named_parameters()]
+    weights_w, weights_v = list(global_model.parameters()), list(personal_model.parameters())
+    opt_w, opt_v = optimizer.build(weights_w, global_model), optimizer.build(weights_v, personal_model)
+    a = torch.tensor(float(alpha), device=data.y.device, requires_grad=adaptive)
+    global_model.train()
+    personal_model.train()
+    total = torch.zeros((), device=data.y.device)
+    num_steps, samples = 0, 0
+    for idx in step_batches(len(data), batch_size, generator, data.y.device, epochs, steps):
+        xb, yb = data.x[idx], data.y[idx]
+        if transform is not None:
+            xb = transform(xb, generator)
+        opt_w.zero_grad(set_to_none=True)
+        loss = loss_fn(global_model(xb), yb)
+        loss.backward()
+        opt_v.zero_grad(set_to_none=True)
+        mixed = {n: a * v + (1 - a) * w.detach() for n, v, w in zip(names, weights_v, weights_w)}
+        loss_fn(functional_call(personal_model, mixed, (xb,)), yb).backward()
+        opt_w.step()
+        opt_v.step()
+        if adaptive:
+            with torch.no_grad():
+                a.sub_(a.grad, alpha=optimizer.lr).clamp_(0.0, 1.0)
+                a.grad = None
+        total += loss.detach() * len(idx)
+        samples += len(idx)
+        num_steps += 1
+    return TrainResult(float(total) / max(samples, 1), num_steps, samples), float(a.detach())
