@@ -27,6 +27,9 @@ CASES = {
     "tct": "algorithm=tct tct.stage1_rounds=2 tct.features=64 tct.local_steps=2 rounds=8",
     "fedavg-local_model_accuracy": "algorithm=fedavg fedavg.local_model_accuracy=true",  # its kept local scores
     "local_only-all_clients": "algorithm=local_only local_only.clients=all",
+    "ditto": "algorithm=ditto",  # the personal models
+    "apfl-adaptive": "algorithm=apfl apfl.adaptive=true",  # the personal models and mixing weights
+    "l2gd": "algorithm=l2gd l2gd.p=0.5 l2gd.alpha=0.03 eval.every=5 seed=4",  # rounds 3-4 aggregate: the average is pending at the cut
 }
 STOP_ROUND = 4
 
