@@ -15,7 +15,8 @@ holds the run's initial ones, which are the server's arrays and never change).
 Client: trains its own model (the run's initial weights the first time) with
 2λ₁(δ·w_i + o·S_i) + 2λ₂·w_i added to the gradient of its regularised layers at every step (the
 other columns fixed, as the official code), keeps the whole model and sends back the regularised
-layers only. Evaluation (no arrays sent): each client's own model on its local test split.
+layers only. Evaluation (no arrays sent): each client's own model on its local test split. New
+Test (``new_test.enabled``, LG-FedAvg Table 1): every client uploads its whole model once after training.
 
 Paper vs official code (pliang279/LG-FedAvg ``main_mtl.py``, ``models/Update.py``; FedRep's copy):
 - ``mtl.omega``: ``paper`` Ω = (I − 11ᵀ/M)² (δ = 1 − 1/M, o = −1/M) | ``official``: the code's
@@ -47,6 +48,7 @@ from omegaconf import MISSING, DictConfig
 from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, register
 from strategies.checks import nonnegative, positive, require
 from strategies.common import ARRAYS, CONFIG, NUM_EXAMPLES, ClientRuntime, reply, round_config
+from strategies.local_only import own_model_requests
 from strategies.services import Services
 from strategies.state_store import keep_arrays, kept_arrays
 from task.learning.models import SplitModel
@@ -135,6 +137,10 @@ class FedMTLServer(ServerHooks, FedAvg):
                            grid: Grid) -> Iterable[Message]:
         return super().configure_evaluate(server_round, ArrayRecord(), config, grid)
 
+    def local_part_messages(self, server_round: int, services: Services) -> list[Message]:
+        """New Test (LG-FedAvg Table 1's MTL row): every client sends its own model once."""
+        return own_model_requests(services)
+
 
 def make_strategy(cfg: DictConfig) -> Strategy:
     """The Fed-MTL server half."""
@@ -185,6 +191,12 @@ def evaluate_own_model(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     return reply(None, **rt.evaluate_local())
 
 
+def send_own_model(rt: ClientRuntime, content: RecordDict) -> RecordDict:
+    """New Test (``new_test.enabled``): send the client's own model to the server once."""
+    load_own_model(rt)
+    return reply(rt.arrays(), **{NUM_EXAMPLES: len(rt.train)})
+
+
 def no_global_keys(model: SplitModel, cfg: DictConfig) -> list[str]:
     """None of the server's arrays is a trained global weight (they stay the initial columns)."""
     return []
@@ -217,7 +229,7 @@ class FedMTLConfig:
 ALGORITHM = register(Algorithm(
     name="fed_mtl",
     make_strategy=make_strategy,
-    handlers={"train": train_mtl, "evaluate": evaluate_own_model},
+    handlers={"train": train_mtl, "evaluate": evaluate_own_model, "query.localpart": send_own_model},
     shared_keys=regularised_keys,
     trained_global_keys=no_global_keys,
     config=FedMTLConfig,

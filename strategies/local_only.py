@@ -63,9 +63,14 @@ class LocalOnly(ServerHooks, FedAvg):
 
     def local_part_messages(self, server_round: int, services: Services) -> list[Message]:
         """New Test (LG-FedAvg Table 1's Local-only row): every client sends its own model once."""
-        config = ConfigRecord({"variant": services.cfg.label})
-        return [Message(RecordDict({CONFIG: config}), dst_node_id=n, message_type="query.localpart")
-                for n in services.nodes(services.trainable)]
+        return own_model_requests(services)
+
+
+def own_model_requests(services: Services) -> list[Message]:
+    """New Test of whole local models: ask every training client for its own model once."""
+    config = ConfigRecord({"variant": services.cfg.label})
+    return [Message(RecordDict({CONFIG: config}), dst_node_id=n, message_type="query.localpart")
+            for n in services.nodes(services.trainable)]
 
 
 def make_strategy(cfg: DictConfig) -> Strategy:
