@@ -25,7 +25,7 @@ from omegaconf import MISSING, DictConfig
 from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, WeightedAverage, all_keys, register
 from strategies.checks import nonnegative, one_of, require
 from strategies.common import ARRAYS, NUM_EXAMPLES, ClientRuntime, reply, round_config
-from strategies.state_store import keep_arrays, kept_arrays
+from strategies.state_store import keep_arrays, load_kept_model
 from task.learning.engine import PROX_PULLS
 
 PERSONAL = "personal-model"
@@ -45,15 +45,6 @@ def make_strategy(cfg: DictConfig) -> Strategy:
     return DittoServer(**TAKE_ALL_NODES).average_as(cfg)
 
 
-def load_personal_model(rt: ClientRuntime) -> None:
-    """Put the client's own v into the model (the run's initial weights if it has none yet)."""
-    own = kept_arrays(rt, PERSONAL)
-    if own is not None:
-        rt.model.load_state_dict(own)
-    else:
-        rt.reset_model()
-
-
 def train_ditto(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     """Local SGD of w from w^t (sent back), then of the kept v pulled toward w^t (kept)."""
     config = round_config(content)
@@ -61,7 +52,7 @@ def train_ditto(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     received = [p.detach().clone() for p in rt.model.parameters()]
     global_result = rt.local_training(config)
     new_global = rt.arrays()
-    load_personal_model(rt)
+    load_kept_model(rt, PERSONAL)
     personal_result = rt.local_training(config, prox_mu=float(rt.cfg.ditto.lam), prox_pull=str(rt.cfg.ditto.pull),
                                         prox_anchor=received, salt=PERSONAL_SALT)
     keep_arrays(rt, PERSONAL, rt.model.state_dict())
@@ -71,7 +62,7 @@ def train_ditto(rt: ClientRuntime, content: RecordDict) -> RecordDict:
 
 def evaluate_personal(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     """Score the client's own v on its local test split."""
-    load_personal_model(rt)
+    load_kept_model(rt, PERSONAL)
     return reply(None, **rt.evaluate_local())
 
 

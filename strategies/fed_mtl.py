@@ -50,7 +50,7 @@ from strategies.checks import nonnegative, positive, require
 from strategies.common import ARRAYS, CONFIG, NUM_EXAMPLES, ClientRuntime, reply, round_config
 from strategies.local_only import own_model_requests
 from strategies.services import Services
-from strategies.state_store import keep_arrays, kept_arrays
+from strategies.state_store import keep_arrays, load_kept_model
 from task.learning.models import SplitModel
 
 STATE_KEY = "mtl-model"
@@ -147,15 +147,6 @@ def make_strategy(cfg: DictConfig) -> Strategy:
     return FedMTLServer(cfg)
 
 
-def load_own_model(rt: ClientRuntime) -> None:
-    """Put the client's own model into ``rt.model`` (the run's initial weights the first time)."""
-    own = kept_arrays(rt, STATE_KEY)
-    if own is not None:
-        rt.model.load_state_dict(own)
-    else:
-        rt.reset_model()
-
-
 def _pull(param: torch.nn.Parameter, a: float, offset: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
     """A gradient hook adding a·w + offset (w: the parameter's value at that step)."""
     return lambda grad: grad + a * param.detach() + offset
@@ -168,7 +159,7 @@ def train_mtl(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     others = content[ARRAYS].to_torch_state_dict()
     if set(others) != set(keys):
         raise ValueError(f"expected the sum of the other clients' {keys}, got {sorted(others)}")
-    load_own_model(rt)
+    load_kept_model(rt, STATE_KEY)
     params = dict(rt.model.named_parameters())
     lam1, lam2 = lambdas(rt.cfg, sum(params[k].numel() for k in keys))
     diag, off = omega_entries(str(rt.cfg.mtl.omega), int(config[COLUMNS]))
@@ -187,13 +178,13 @@ def train_mtl(rt: ClientRuntime, content: RecordDict) -> RecordDict:
 
 def evaluate_own_model(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     """The client's own model on its local test split."""
-    load_own_model(rt)
+    load_kept_model(rt, STATE_KEY)
     return reply(None, **rt.evaluate_local())
 
 
 def send_own_model(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     """New Test (``new_test.enabled``): send the client's own model to the server once."""
-    load_own_model(rt)
+    load_kept_model(rt, STATE_KEY)
     return reply(rt.arrays(), **{NUM_EXAMPLES: len(rt.train)})
 
 

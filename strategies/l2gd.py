@@ -37,7 +37,7 @@ from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, WeightedAver
 from strategies.checks import below_one, positive, require
 from strategies.common import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, ClientRuntime, reply, round_config
 from strategies.services import Services
-from strategies.state_store import keep_arrays, kept_arrays
+from strategies.state_store import keep_arrays, kept_arrays, load_kept_model
 from task.learning.engine import derived_seed
 
 OWN_MODEL = "local-model"
@@ -129,11 +129,7 @@ def make_strategy(cfg: DictConfig) -> Strategy:
 
 def own_model(rt: ClientRuntime, content: RecordDict) -> None:
     """Load the client's x_i (initial weights the first time) and absorb an average it has not yet."""
-    own = kept_arrays(rt, OWN_MODEL)
-    if own is not None:
-        rt.model.load_state_dict(own)
-    else:
-        rt.reset_model()
+    load_kept_model(rt, OWN_MODEL)
     config = round_config(content)
     pulled = kept_arrays(rt, PULLED)
     average_round = int(config[AVERAGE_ROUND])

@@ -22,7 +22,7 @@ from omegaconf import MISSING, DictConfig
 from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, register
 from strategies.common import CONFIG, METRICS, NUM_EXAMPLES, ClientRuntime, reply, round_config
 from strategies.services import Services
-from strategies.state_store import keep_arrays, kept_arrays
+from strategies.state_store import keep_arrays, load_kept_model
 
 STATE_KEY = "local-model"
 
@@ -78,17 +78,9 @@ def make_strategy(cfg: DictConfig) -> Strategy:
     return LocalOnly(all_clients=cfg.local_only.clients == "all")
 
 
-def _load_own_model(rt: ClientRuntime) -> None:
-    own = kept_arrays(rt, STATE_KEY)
-    if own is not None:
-        rt.model.load_state_dict(own)
-    else:
-        rt.reset_model()
-
-
 def train_locally(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     """Train the client's own model for the configured local epochs and keep it."""
-    _load_own_model(rt)
+    load_kept_model(rt, STATE_KEY)
     result = rt.local_training(round_config(content))
     keep_arrays(rt, STATE_KEY, rt.model.state_dict())
     return reply(None, train_loss=result.mean_loss, local_steps=result.steps, **{NUM_EXAMPLES: len(rt.train)})
@@ -96,13 +88,13 @@ def train_locally(rt: ClientRuntime, content: RecordDict) -> RecordDict:
 
 def evaluate_own_model(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     """Evaluate the client's own model on its local test split."""
-    _load_own_model(rt)
+    load_kept_model(rt, STATE_KEY)
     return reply(None, **rt.evaluate_local())
 
 
 def send_own_model(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     """New Test: send the client's own model to the server once."""
-    _load_own_model(rt)
+    load_kept_model(rt, STATE_KEY)
     return reply(rt.arrays(), **{NUM_EXAMPLES: len(rt.train)})
 
 

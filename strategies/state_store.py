@@ -102,3 +102,14 @@ def kept_arrays(rt: ClientRuntime, name: str) -> dict[str, torch.Tensor] | None:
     if isinstance(record, ArrayRecord):
         return record.to_torch_state_dict()
     return torch.load(str(record["path"]), weights_only=True)
+
+
+def load_kept_model(rt: ClientRuntime, name: str) -> bool:
+    """Put the whole model kept under ``name`` into ``rt.model`` (the run's common initial weights
+    if the client has none yet, as the official codes start their local models). True if kept."""
+    own = kept_arrays(rt, name)
+    if own is None:
+        rt.reset_model()
+        return False
+    rt.model.load_state_dict(own)
+    return True

@@ -14,7 +14,6 @@ from task.errors import ConfigError
 from task.learning.engine import TensorData, step_batches
 from task.learning.models import build_model
 from tests.local_grid import LocalGrid
-from tests.test_resume import BASE, InterruptedGrid, _metrics, _run
 
 
 def make_runtime(overrides=()):
@@ -98,20 +97,6 @@ def test_the_client_refuses_arrays_that_are_not_its_regularised_layers():
     state = rt.model.state_dict()
     with pytest.raises(ValueError, match="fc1"):
         fed_mtl.train_mtl(rt, train_message(rt, 1, {"fc2.weight": state["fc2.weight"]}, 2))
-
-
-@pytest.mark.parametrize("case", ["mtl.lam1=0.5 mtl.lam2=0.01",
-                                  "mtl.lam1=0.5 mtl.omega=official mtl.columns=sampled"])
-def test_an_interrupted_run_resumes_to_the_same_metrics(tmp_path, case):
-    common = f"{BASE} algorithm=fed_mtl {case} client_state.dir={tmp_path / 'state'}"
-    whole = _run(LocalGrid, f"{common} out_dir={tmp_path / 'whole'}")
-    with pytest.raises(KeyboardInterrupt):
-        _run(InterruptedGrid, f"{common} out_dir={tmp_path / 'cut'}", run_id=2, first_node_id=2000)
-    resumed = _run(LocalGrid, f"{common} resume={tmp_path / 'cut'}", run_id=3, first_node_id=3000)
-    assert _metrics(tmp_path / "cut") == _metrics(tmp_path / "whole")
-    for key in ("personalized_accuracy", "global_accuracy", "params_up", "params_down", "failed_client_replies"):
-        assert resumed[key] == whole[key], key
-    assert whole["status"] == "completed" and whole["global_accuracy"] is None
 
 
 @pytest.mark.parametrize("override, key, allowed", [

@@ -29,6 +29,9 @@ CASES = {
     "local_only-all_clients": "algorithm=local_only local_only.clients=all",
     "ditto": "algorithm=ditto",  # the personal models
     "apfl-adaptive": "algorithm=apfl apfl.adaptive=true",  # the personal models and mixing weights
+    "fed_mtl": "algorithm=fed_mtl mtl.lam1=0.5 mtl.lam2=0.01",  # the server's columns, the clients' models
+    "fed_mtl-official": "algorithm=fed_mtl mtl.lam1=0.5 mtl.omega=official mtl.columns=sampled",
+    "perfedavg": "algorithm=perfedavg perfedavg.inner_lr=0.01",
     "l2gd": "algorithm=l2gd l2gd.p=0.5 l2gd.alpha=0.03 eval.every=5 seed=4",  # rounds 3-4 aggregate: the average is pending at the cut
 }
 STOP_ROUND = 4
