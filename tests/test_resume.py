@@ -137,7 +137,8 @@ def _with_state_dirs(grid: LocalGrid, root) -> LocalGrid:
     return grid
 
 
-@pytest.mark.parametrize("algorithm, last_message", [("fedrep", "evaluate"), ("scaffold", "train")])
+@pytest.mark.parametrize("algorithm, last_message", [("fedrep", "evaluate"), ("scaffold", "train"), ("ditto", "evaluate"),
+                                                     ("apfl apfl.adaptive=true", "evaluate"), ("fed_mtl", "evaluate")])
 def test_a_restarted_supernode_finds_its_state_in_its_state_dir(tmp_path, algorithm, last_message):
     overrides = f"{BASE} algorithm={algorithm} train.fraction=1.0 rounds=4"
     cfg = load_config("quickstart", f"{overrides} out_dir={tmp_path / 'whole'}".split())
