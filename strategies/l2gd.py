@@ -14,7 +14,8 @@ Every round involves every training client (as the L2GD paper and the official F
 The server sends x̄ once to each client, with the next message it sends it (training or
 evaluation); the client applies the pull on receipt, once per aggregation round. So the local
 models cross the wire in aggregation rounds only: that is L2GD's own step, and nothing else a
-client holds leaves it. Evaluation scores each client's own x_i on its local test split.
+client holds leaves it. Evaluation scores each client's own x_i on its local test split; x̄ is
+not scored as a global model.
 
 ``main_l2gd.py`` starts x̄ from the first client's model divided by n and then adds every
 client's, the first one again; we average each model once.
@@ -68,6 +69,11 @@ class L2GDServer(ServerHooks, WeightedAverage):
         local_lr, pull = self.rates()
         require(pull <= 1.0, "l2gd.lam", f"the pull toward the average c = {pull:.4g} (l2gd.aggregation={self.form}, "
                 f"{len(services.trainable)} clients) must be at most 1; lower l2gd.lam or l2gd.alpha")
+
+    def has_global_model(self, server_round: int) -> bool:
+        """x̄ is what the local models are pulled toward, not a model L2GD trains or offers: runs are
+        scored, and judged, by the clients' own models."""
+        return False
 
     def is_aggregation(self, server_round: int) -> bool:
         """The round's seeded coin: an aggregation step with probability p."""
