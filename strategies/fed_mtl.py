@@ -48,12 +48,11 @@ from omegaconf import MISSING, DictConfig
 from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, register
 from strategies.checks import nonnegative, positive, require
 from strategies.common import ARRAYS, CONFIG, NUM_EXAMPLES, ClientRuntime, reply, round_config
-from strategies.local_only import own_model_requests
+from strategies.local_only import STATE_KEY, evaluate_own_model, own_model_requests, send_own_model
 from strategies.services import Services
 from strategies.state_store import keep_arrays, load_kept_model
 from task.learning.models import SplitModel
 
-STATE_KEY = "mtl-model"
 COLUMNS = "mtl-columns"  # round config: M, the columns of W
 
 
@@ -174,18 +173,6 @@ def train_mtl(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     keep_arrays(rt, STATE_KEY, rt.model.state_dict())
     return reply(rt.arrays(keys), train_loss=result.mean_loss, local_steps=result.steps,
                  **{NUM_EXAMPLES: len(rt.train)})
-
-
-def evaluate_own_model(rt: ClientRuntime, content: RecordDict) -> RecordDict:
-    """The client's own model on its local test split."""
-    load_kept_model(rt, STATE_KEY)
-    return reply(None, **rt.evaluate_local())
-
-
-def send_own_model(rt: ClientRuntime, content: RecordDict) -> RecordDict:
-    """New Test (``new_test.enabled``): send the client's own model to the server once."""
-    load_kept_model(rt, STATE_KEY)
-    return reply(rt.arrays(), **{NUM_EXAMPLES: len(rt.train)})
 
 
 def no_global_keys(model: SplitModel, cfg: DictConfig) -> list[str]:
