@@ -213,6 +213,16 @@ def crop_flip(x: torch.Tensor, generator: torch.Generator, padding: int = 4) -> 
 
 AUGMENTATIONS = {"crop_flip": crop_flip}
 
+
+def training_batches(data: TensorData, batch_size: int, generator: torch.Generator, epochs: int | None,
+                     steps: int | None, augment: str | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The (inputs, targets) mini-batches of a local training call: :func:`step_batches` of ``data``,
+    each augmented on the device when ``augment`` names an augmentation (drawn from ``generator``)."""
+    transform = AUGMENTATIONS[augment] if augment else None
+    for idx in step_batches(len(data), batch_size, generator, data.y.device, epochs, steps):
+        xb = data.x[idx]
+        yield (transform(xb, generator) if transform is not None else xb), data.y[idx]
+
 #: Where FedProx's pull mu·(w − w_start) enters a local step (:func:`train`'s ``prox_pull``).
 PROX_PULLS = ("gradient", "after_momentum")
 
@@ -247,7 +257,6 @@ def train(
     (``crop_flip``), drawn from ``generator``. ``grad_correction`` (one tensor per trained
     parameter) is added to every mini-batch gradient before the step (SCAFFOLD's c − c_i).
     """
-    transform = AUGMENTATIONS[augment] if augment else None
     trainable = list(params) if params is not None else list(model.parameters())
     opt = optimizer.build(trainable, model)
     if prox_pull not in PROX_PULLS:
@@ -266,10 +275,7 @@ def train(
     num_steps, samples = 0, 0
     if len(data) == 0:
         return TrainResult(0.0, 0, 0)
-    for idx in step_batches(len(data), batch_size, generator, data.y.device, epochs, steps):
-        xb, yb = data.x[idx], data.y[idx]
-        if transform is not None:
-            xb = transform(xb, generator)
+    for xb, yb in training_batches(data, batch_size, generator, epochs, steps, augment):
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(model(xb), yb)
         loss.backward()
@@ -292,8 +298,8 @@ def train(
                 for p, pull in zip(trainable, pulls):
                     if pull is not None:
                         p.sub_(pull, alpha=optimizer.lr * prox_mu)
-        total += loss.detach() * len(idx)
-        samples += len(idx)
+        total += loss.detach() * len(yb)
+        samples += len(yb)
         num_steps += 1
     return TrainResult(float(total) / max(samples, 1), num_steps, samples)
 

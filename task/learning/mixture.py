@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from task.learning.engine import AUGMENTATIONS, OptimizerConfig, TensorData, TrainResult, loss_function, step_batches
+from task.learning.engine import OptimizerConfig, TensorData, TrainResult, loss_function, training_batches
 
 
 def mixed_state(personal: dict[str, torch.Tensor], global_: dict[str, torch.Tensor],
@@ -26,7 +26,6 @@ def train_mixture(global_model: nn.Module, personal_model: nn.Module, alpha: flo
     w of before the step; with ``adaptive``, also α ← α − lr·∂f(v̄)/∂α = α − lr·⟨v − w, ∇f(v̄)⟩,
     kept in [0, 1]. Each model has its own optimizer (momentum, weight decay) of ``optimizer``.
     """
-    transform = AUGMENTATIONS[augment] if augment else None
     loss_fn = loss_function(regression)
     names = [name for name, _ in personal_model.named_parameters()]
     weights_w, weights_v = list(global_model.parameters()), list(personal_model.parameters())
@@ -36,10 +35,7 @@ def train_mixture(global_model: nn.Module, personal_model: nn.Module, alpha: flo
     personal_model.train()
     total = torch.zeros((), device=data.y.device)
     num_steps, samples = 0, 0
-    for idx in step_batches(len(data), batch_size, generator, data.y.device, epochs, steps):
-        xb, yb = data.x[idx], data.y[idx]
-        if transform is not None:
-            xb = transform(xb, generator)
+    for xb, yb in training_batches(data, batch_size, generator, epochs, steps, augment):
         opt_w.zero_grad(set_to_none=True)
         loss = loss_fn(global_model(xb), yb)
         loss.backward()
@@ -52,7 +48,7 @@ def train_mixture(global_model: nn.Module, personal_model: nn.Module, alpha: flo
             with torch.no_grad():
                 a.sub_(a.grad, alpha=optimizer.lr).clamp_(0.0, 1.0)
                 a.grad = None
-        total += loss.detach() * len(idx)
-        samples += len(idx)
+        total += loss.detach() * len(yb)
+        samples += len(yb)
         num_steps += 1
     return TrainResult(float(total) / max(samples, 1), num_steps, samples), float(a.detach())
