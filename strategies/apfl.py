@@ -97,6 +97,7 @@ def check(cfg: DictConfig) -> None:
 
 ALGORITHM = register(Algorithm(
     name="apfl",
+    description="each client mixes its personal model with the global one by α (Deng et al. 2020)",
     make_strategy=make_strategy,
     handlers={"train": train_apfl, "evaluate": evaluate_mixture},
     shared_keys=all_keys,

@@ -236,6 +236,7 @@ class Algorithm:
       FedRep: its own head, as the official FedRep code's final round); None: nothing.
     - ``local_representation``: whether clients keep a local representation (fair adversarial training needs one).
     - ``snapshot_after``: message types after which the client's state is snapshotted (resume).
+    - ``description``: one phrase and its paper, shown by ``flrep list`` (optional).
 
     Without an ``evaluate`` handler a client's personalized model *is* the global model, so
     the server evaluates it on every client's local test split itself (same numbers, no messages).
@@ -255,6 +256,7 @@ class Algorithm:
     load_personal: Callable[[ClientRuntime], object] | None = None
     local_representation: bool = False
     snapshot_after: frozenset[str] = field(default_factory=lambda: frozenset({"train", "evaluate"}))
+    description: str = ""
 
     @property
     def evaluates_on_clients(self) -> bool:

@@ -81,6 +81,7 @@ def check(cfg: DictConfig) -> None:
 
 ALGORITHM = register(Algorithm(
     name="ditto",
+    description="personal models regularised toward a FedAvg global model (Li et al. 2021)",
     make_strategy=make_strategy,
     handlers={"train": train_ditto, "evaluate": evaluate_personal},
     shared_keys=all_keys,

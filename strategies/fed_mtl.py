@@ -206,6 +206,7 @@ class FedMTLConfig:
 
 ALGORITHM = register(Algorithm(
     name="fed_mtl",
+    description="mean-regularised multi-task learning, one model per client (Smith et al. 2017)",
     make_strategy=make_strategy,
     handlers={"train": train_mtl, "evaluate": evaluate_own_model, "query.localpart": send_own_model},
     shared_keys=regularised_keys,

@@ -181,6 +181,7 @@ class FedAvgConfig:
 
 ALGORITHM = register(Algorithm(
     name="fedavg",
+    description="the average of the clients' locally trained models (McMahan et al. 2017)",
     make_strategy=make_strategy,
     handlers={"train": local_sgd},
     shared_keys=all_keys,

@@ -27,6 +27,7 @@ def train_fedper(rt: ClientRuntime, content: RecordDict) -> RecordDict:
 
 ALGORITHM = register(Algorithm(
     name="fedper",
+    description="FedAvg of the body, each client keeping its own head (Arivazhagan et al. 2019)",
     make_strategy=make_strategy,
     handlers={"train": train_fedper, "evaluate": evaluate_with_own_head},
     shared_keys=body_keys,

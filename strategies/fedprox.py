@@ -56,6 +56,7 @@ class FedProxConfig:
 
 ALGORITHM = register(Algorithm(
     name="fedprox",
+    description="FedAvg with a proximal pull of local training toward the global model (Li et al. 2020)",
     make_strategy=make_strategy,
     handlers={"train": local_sgd},
     shared_keys=all_keys,

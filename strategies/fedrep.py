@@ -176,6 +176,7 @@ def check_model(cfg: DictConfig, data, model: torch.nn.Module) -> None:
 
 ALGORITHM = register(Algorithm(
     name="fedrep",
+    description="a shared body averaged, each client's own head trained first and kept (Collins et al. 2021)",
     make_strategy=make_strategy,
     handlers={"train": train_fedrep, "evaluate": evaluate_with_own_head},
     shared_keys=body_keys,

@@ -186,6 +186,7 @@ def check(cfg: DictConfig) -> None:
 
 ALGORITHM = register(Algorithm(
     name="l2gd",
+    description="one model per client, random steps toward their mean (Hanzely & Richtárik 2020)",
     make_strategy=make_strategy,
     handlers={"train": train_l2gd, "evaluate": evaluate_own_model},
     shared_keys=all_keys,

@@ -308,6 +308,7 @@ def check_model(cfg: DictConfig, data, model: SplitModel) -> None:
 
 ALGORITHM = register(Algorithm(
     name="lg_fedavg",
+    description="a local representation per client, the top layers global and averaged (Liang et al. 2020)",
     make_strategy=make_strategy,
     handlers={"train": train_lg, "evaluate": evaluate_lg, "query.localpart": send_local_part},
     shared_keys=all_keys,

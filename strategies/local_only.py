@@ -107,6 +107,7 @@ class LocalOnlyConfig:
 
 ALGORITHM = register(Algorithm(
     name="local_only",
+    description="every client trains alone, nothing is shared (baseline)",
     make_strategy=make_strategy,
     handlers={"train": train_locally, "evaluate": evaluate_own_model, "query.localpart": send_own_model},
     shared_keys=None,

@@ -329,6 +329,7 @@ def check(cfg: DictConfig) -> None:
 
 ALGORITHM = register(Algorithm(
     name="local_update",
+    description="weighted local steps, a proximal α and a server optimizer (Charles & Konečný 2021)",
     make_strategy=make_strategy,
     handlers={"train": local_update_train},
     shared_keys=all_keys,

@@ -202,6 +202,7 @@ def check(cfg: DictConfig) -> None:
 
 ALGORITHM = register(Algorithm(
     name="perfedavg",
+    description="a meta-learned start that each client adapts in one step (Fallah et al. 2020)",
     make_strategy=FedAvgServer,
     handlers={"train": train_meta, "evaluate": evaluate_adapted},
     shared_keys=all_keys,

@@ -202,6 +202,7 @@ def check(cfg: DictConfig) -> None:
 
 ALGORITHM = register(Algorithm(
     name="scaffold",
+    description="control variates that correct the clients' drift (Karimireddy et al. 2020)",
     make_strategy=make_strategy,
     handlers={"train": scaffold_train},
     shared_keys=all_keys,

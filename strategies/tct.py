@@ -415,6 +415,7 @@ def check_model(cfg: DictConfig, data, model: torch.nn.Module) -> None:
 
 ALGORITHM = register(Algorithm(
     name="tct",
+    description="FedAvg, then SCAFFOLD on a convex eNTK linearisation of the model (Yu et al. 2022)",
     make_strategy=make_strategy,
     handlers={"train": tct_train, "query.entk": compute_entk},
     shared_keys=all_keys,
