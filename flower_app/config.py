@@ -21,6 +21,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 from protocols import PROTOCOLS
 from strategies import ALGORITHMS
 from flower_app.schema import run_schema
+from flower_app.suggest import choices_at, did_you_mean
 from strategies.checks import allowed_at, check_ranges, require
 from strategies.common import configured_head
 from task.errors import ConfigError
@@ -52,6 +53,7 @@ def load_config(experiment: str, overrides: str | Iterable[str] = ()) -> DictCon
     if not exp_path.is_file():
         raise ConfigError(
             f"experiment: unknown experiment '{experiment}'; available: {', '.join(experiment_names())}"
+            f"{did_you_mean(experiment, experiment_names())}"
         )
     schema = run_schema()
     cfg = OmegaConf.structured(schema)
@@ -101,13 +103,16 @@ def _explain(err: OmegaConfBaseException, schema: type) -> str:
     key = str(getattr(err, "full_key", "") or "")
     if isinstance(err, ConfigKeyError) and key:
         parent = key.rpartition(".")[0]
-        known = OmegaConf.select(OmegaConf.structured(schema), parent) if parent else None
-        hint = (f"; {parent} has {', '.join(known.keys())}" if OmegaConf.is_dict(known)
+        root = OmegaConf.structured(schema)
+        known = OmegaConf.select(root, parent) if parent else root
+        hint = (f"; {parent} has {', '.join(known.keys())}" if parent and OmegaConf.is_dict(known)
                 else "; the keys are those of conf/base.yaml and the registered algorithms' sections")
-        return f"{key}: unknown key{hint}"
+        names = [str(k) for k in known.keys()] if OmegaConf.is_dict(known) else []
+        return f"{key}: unknown key{hint}{did_you_mean(key.rpartition('.')[2], names, f'{parent}.' if parent else '')}"
     allowed = allowed_at(schema, key) if key else None
     if isinstance(err, ValidationError) and allowed is not None:
-        return f"{key}: got {getattr(err, 'value', None)!r}, expected {allowed}"
+        value = getattr(err, "value", None)
+        return f"{key}: got {value!r}, expected {allowed}{did_you_mean(str(value), choices_at(schema, key))}"
     return f"{key or 'overrides'}: {str(err.msg).splitlines()[0]}"
 
 

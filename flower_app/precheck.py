@@ -14,6 +14,7 @@ from pathlib import Path
 
 import yaml
 
+from flower_app.suggest import did_you_mean
 from task.errors import ConfigError
 
 APP_DIR = Path(__file__).resolve().parents[1]
@@ -35,7 +36,8 @@ def quick_check(experiment: str, overrides: Iterable[str]) -> None:
     exp_path = CONF_DIR / "experiment" / f"{experiment}.yaml"
     if not exp_path.is_file():
         names = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
-        raise ConfigError(f"experiment: unknown experiment '{experiment}'; available: {', '.join(names)}")
+        raise ConfigError(f"experiment: unknown experiment '{experiment}'; available: {', '.join(names)}"
+                          f"{did_you_mean(experiment, names)}")
     base = _read(CONF_DIR / "base.yaml")
     root = (_read(exp_path).get("data") or {}).get("root", (base.get("data") or {}).get("root"))
     for item in overrides:
@@ -49,7 +51,7 @@ def quick_check(experiment: str, overrides: Iterable[str]) -> None:
                 break  # a section conf/base.yaml does not list: for the full check
             if part not in node:
                 raise ConfigError(f"{key}: unknown key; {'.'.join(known) or 'the configuration'} has "
-                                  f"{', '.join(node)}")
+                                  f"{', '.join(node)}{did_you_mean(part, node, ''.join(f'{k}.' for k in known))}")
             node, known = node[part], [*known, part]
         if key == "data.root":
             root = value or None

@@ -41,6 +41,7 @@ from typing import Any
 import yaml
 
 from flower_app.config import CONF_DIR, experiment_names
+from flower_app.suggest import did_you_mean
 from task.errors import ConfigError
 
 TABLES_DIR = CONF_DIR / "tables"
@@ -134,7 +135,8 @@ def load_table(name: str) -> Table:
     """Read and check ``conf/tables/<name>.yaml``."""
     path = TABLES_DIR / f"{name}.yaml"
     if not path.is_file():
-        raise ConfigError(f"unknown table {name!r}: no {path}; tables: {', '.join(table_names())}")
+        raise ConfigError(f"unknown table {name!r}: no {path}; tables: {', '.join(table_names())}"
+                          f"{did_you_mean(name, table_names())}")
     try:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:

@@ -90,7 +90,8 @@ def test_a_plugin_section_is_typed_and_checked_by_the_library(tmp_path, clipped_
     assert load_config("quickstart", ["clip.max_norm=1"]).clip.max_norm == 1.0
     for bad, expected in (("clip.max_norm=-1", "clip.max_norm: got -1.0, expected a positive number"),
                           ("clip.max_norm=big", "clip.max_norm: got 'big', expected a positive number"),
-                          ("clip.maxnorm=1", "clip.maxnorm: unknown key; clip has max_norm")):
+                          ("clip.maxnorm=1",
+                           "clip.maxnorm: unknown key; clip has max_norm; did you mean `clip.max_norm`?")):
         with pytest.raises(ConfigError) as info:
             load_config("quickstart", [bad])
         assert str(info.value) == expected
