@@ -357,11 +357,19 @@ def _short(value) -> str:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
+    from flower_app.catalogue import algorithm_lines, experiment_lines, load_catalogue
     from flower_app.config import experiment_names
     from strategies import ALGORITHMS
 
-    print("experiments:", " ".join(experiment_names()))
-    print("algorithms: ", " ".join(ALGORITHMS))
+    try:
+        catalogue = load_catalogue()
+    except ConfigError as err:
+        print(f"flrep: {err}", file=sys.stderr)
+        return 2
+    print("experiments (flrep run <name>; estimated minutes of the whole run, all its variants, one seed):")
+    print("\n".join(experiment_lines(experiment_names(), catalogue)))
+    print("algorithms (algorithm=<name>):")
+    print("\n".join(algorithm_lines({name: a.description for name, a in sorted(ALGORITHMS.items())})))
     return 0
 
 
@@ -491,7 +499,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="torch threads (default 1: with more, a fine-tuning step ran 9x slower on a busy 2-core "
                           "machine; raise it on an idle one)")
     dia.set_defaults(func=_cmd_diagnose)
-    lst = sub.add_parser("list", help="list experiments and algorithms")
+    lst = sub.add_parser("list", help="the experiments (what each reproduces, its dataset, estimated minutes) "
+                                         "and the algorithms (what each does, its paper)")
     lst.set_defaults(func=_cmd_list)
     rep = sub.add_parser("reproduce", help="run a paper table's cells over seeds (resumable) and write ours beside "
                                            "the paper's: DIR/table.md, table.csv, table.png")
