@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from flower_app.data_command import add_data_parser
 from task.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -48,9 +49,9 @@ def _quick_check(args: argparse.Namespace) -> bool:
     from flower_app.precheck import quick_check
 
     try:
-        quick_check(args.experiment, list(args.overrides))
-        if args.out:
+        if args.out:  # before the data check, which may download
             run_dir.check_writable(Path(args.out).expanduser().resolve(), "--out")
+        quick_check(args.experiment, list(args.overrides))
     except ConfigError as err:
         print(f"flrep: configuration error: {err}", file=sys.stderr)
         return False
@@ -502,6 +503,7 @@ def build_parser() -> argparse.ArgumentParser:
     lst = sub.add_parser("list", help="the experiments (what each reproduces, its dataset, estimated minutes) "
                                          "and the algorithms (what each does, its paper)")
     lst.set_defaults(func=_cmd_list)
+    add_data_parser(sub)
     rep = sub.add_parser("reproduce", help="run a paper table's cells over seeds (resumable) and write ours beside "
                                            "the paper's: DIR/table.md, table.csv, table.png")
     rep.add_argument("table", nargs="?", help="name of a file in conf/tables/ (without .yaml)")

@@ -2,8 +2,8 @@
 
 A run's configuration is ``conf/base.yaml`` merged with ``conf/experiment/<name>.yaml``
 and then with dotted ``key=value`` overrides. Flower's run-config carries two strings:
-``experiment`` and ``overrides`` (space-separated ``key=value`` pairs). A relative ``data.root`` is
-resolved against the project directory (where ``pyproject.toml`` lives).
+``experiment`` and ``overrides`` (space-separated ``key=value`` pairs). A null or relative
+``data.root`` is resolved in the data home (:mod:`task.data.home`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import functools
 import math
 import shlex
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -25,9 +24,10 @@ from flower_app.suggest import choices_at, did_you_mean
 from strategies.checks import allowed_at, check_ranges, require
 from strategies.common import configured_head
 from task.errors import ConfigError
+from task.data.home import resolve_root
 from task.data.sources import APP_DIR
 
-PROJECT_DIR = APP_DIR  # relative data.root values are resolved against it
+PROJECT_DIR = APP_DIR
 CONF_DIR = PROJECT_DIR / "conf"
 
 
@@ -76,8 +76,8 @@ def load_config(experiment: str, overrides: str | Iterable[str] = ()) -> DictCon
     cfg.experiment = experiment
     if cfg.label is None:
         cfg.label = cfg.algorithm
-    if cfg.data.root is not None and not Path(str(cfg.data.root)).expanduser().is_absolute():
-        cfg.data.root = str((PROJECT_DIR / str(cfg.data.root)).resolve())
+    if cfg.data.source == "local" and (root := resolve_root(cfg.data.name, cfg.data.root)) is not None:
+        cfg.data.root = str(root)
     check_ranges(cfg, schema)
     validate(cfg)
     return cfg

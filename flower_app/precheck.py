@@ -1,6 +1,7 @@
 """The checks a command can make in its first second, before torch and Flower are imported:
 the experiment file, the overrides' form, keys unknown to ``conf/base.yaml``'s sections, and
-that ``data.root`` and the output directory exist or can be made. Anything they let through is
+that the dataset's files are there (downloaded into the data home when they can be) and the
+output directory exists or can be made. Anything they let through is
 checked in full afterwards (:func:`flower_app.config.load_variants` and the data itself).
 
 Only plain YAML is read here, so a key of an algorithm's own section that ``conf/base.yaml``
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import yaml
 
+from task.data.home import home_folder_of, missing_data_error, resolve_root
 from flower_app.suggest import did_you_mean
 from task.errors import ConfigError
 
@@ -39,7 +41,7 @@ def quick_check(experiment: str, overrides: Iterable[str]) -> None:
         raise ConfigError(f"experiment: unknown experiment '{experiment}'; available: {', '.join(names)}"
                           f"{did_you_mean(experiment, names)}")
     base = _read(CONF_DIR / "base.yaml")
-    root = (_read(exp_path).get("data") or {}).get("root", (base.get("data") or {}).get("root"))
+    data = {**(base.get("data") or {}), **(_read(exp_path).get("data") or {})}
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep or not key:
@@ -53,10 +55,25 @@ def quick_check(experiment: str, overrides: Iterable[str]) -> None:
                 raise ConfigError(f"{key}: unknown key; {'.'.join(known) or 'the configuration'} has "
                                   f"{', '.join(node)}{did_you_mean(part, node, ''.join(f'{k}.' for k in known))}")
             node, known = node[part], [*known, part]
-        if key == "data.root":
-            root = value or None
-    if isinstance(root, str) and root not in ("null", "None"):
-        path = Path(root).expanduser()
-        path = path if path.is_absolute() else APP_DIR / path
-        if not path.exists():
-            raise ConfigError(f"data.root={root!r} does not exist (looked for {path.resolve()})")
+        if key in ("data.root", "data.name", "data.source"):
+            data[key[5:]] = None if value in ("", "null", "None") else value
+    ensure_data(data)
+
+
+def ensure_data(data: dict) -> None:
+    """The dataset's files are where ``data.root`` (or the data home) says, downloaded into the data
+    home when a fetcher exists (:mod:`task.data.fetch`); else a ConfigError naming the folder."""
+    if data.get("source", "local") != "local" or not isinstance(data.get("name"), str):
+        return
+    root = data.get("root")
+    path = resolve_root(data["name"], root if isinstance(root, str) else None)
+    if path is None or path.exists():
+        return
+    entry = home_folder_of(path)
+    if entry is None or not entry.fetchable:
+        raise missing_data_error(data["name"], path)
+    from task.data.fetch import fetch_folder
+
+    fetch_folder(entry.folder)
+    if not path.exists():
+        raise missing_data_error(data["name"], path)

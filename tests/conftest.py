@@ -1,6 +1,13 @@
 """Shared test fixtures."""
 
+import os
+
 import pytest
+
+from offline_data import SHARED_DATASETS
+
+if SHARED_DATASETS.is_dir():  # the data home of the tests: the offline copies (CI sets it too)
+    os.environ.setdefault("FLREP_DATA", str(SHARED_DATASETS.resolve()))
 
 
 @pytest.fixture(autouse=True)

@@ -4,9 +4,10 @@ import pytest
 from flwr.app import Error, Message
 
 from flower_app.cli import main as flrep
-from flower_app.config import PROJECT_DIR, clients_per_round, load_config, validate_with_data
+from flower_app.config import clients_per_round, load_config, validate_with_data
 from flower_app.federation import Traffic, connect
 from strategies.common import reply
+from task.data.home import data_home
 from task.errors import ConfigError
 from task.data.sampling import sample_clients
 
@@ -60,10 +61,9 @@ def test_missing_data_path_is_named(tmp_path):
     message = error_of("data.name=mnist", f"data.root={tmp_path / 'nowhere'}")
     assert "data.root" in message and "nowhere" in message
     assert "relative data.root" not in message
-    # a relative path that is missing says where it was looked for (a SuperLink runs its own copy of the app)
+    # a relative path is a folder of the data home: the error names the home and how to fill it
     message = error_of("data.name=mnist", "data.root=no/such/mnist")
-    assert f"{PROJECT_DIR / 'no/such/mnist'}' does not exist" in message
-    assert f"resolved against the app's directory {PROJECT_DIR}" in message and "give an absolute path" in message
+    assert f"no mnist files at {data_home() / 'no/such/mnist'}" in message and "FLREP_DATA" in message
 
 
 def test_malformed_data_file_is_named(tmp_path):
@@ -73,9 +73,9 @@ def test_malformed_data_file_is_named(tmp_path):
     assert "gzip" in message and str(tmp_path) in message
 
 
-def test_relative_data_root_resolves_against_the_project():
+def test_relative_data_root_resolves_in_the_data_home():
     cfg = load_config("lg_mnist_fedavg")
-    assert cfg.data.root.endswith("shared/datasets/mnist") and cfg.data.root.startswith("/")
+    assert cfg.data.root == str(data_home() / "mnist")
 
 
 def test_more_clients_than_supernodes_is_refused_before_round_one():

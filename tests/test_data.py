@@ -127,7 +127,7 @@ def test_digits_shapes_and_normalisation():
         ({"name": "digits", "test_fraction": 1.5}, "data.test_fraction"),
         ({"name": "digits", "split_seed": -1}, "data.split_seed"),
         ({"name": "mnist", "source": "ftp"}, "data.source"),
-        ({"name": "mnist"}, "data.root"),
+        ({"name": "image_folder"}, "data.root"),
         ({"name": "adult", "source": "hub"}, "data.source"),
     ],
 )

@@ -19,9 +19,9 @@ Config keys (all under ``data.``)
     femnist. ``digits`` and ``synthetic_linear`` ignore it (they need no files).
     Hub keys: :mod:`task.data.datasets.hub`.
 ``root``
-    Directory (or, for image-folder layouts, a ``.tar`` file) holding the local files.
-    Required for local mnist, fashion_mnist, cifar10, cifar100, femnist, adult and
-    image_folder; ignored for digits and synthetic_linear. Accepted layouts:
+    Directory (or, for image-folder layouts, a ``.tar`` file) holding the local files. Null
+    means the dataset's folder in the data home, a relative path a path inside it
+    (:mod:`task.data.home`); required for image_folder; ignored for digits and synthetic_linear. Accepted layouts:
     :mod:`task.data.datasets.idx` (mnist / fashion_mnist), :mod:`task.data.datasets.cifar`,
     :mod:`task.data.datasets.image_folder`, :mod:`task.data.datasets.femnist`,
     :mod:`task.data.datasets.adult`.
@@ -73,9 +73,10 @@ from task.data.datasets.hub import HUB_DEFAULTS, load_hub
 from task.data.datasets.idx import load_idx, read_idx
 from task.data.datasets.image_folder import load_image_folder
 from task.data.datasets.images import normalize_images
+from task.data.home import missing_data_error, resolve_root
 from task.errors import ConfigError
 
-APP_DIR = Path(__file__).resolve().parents[2]  # the app's root: relative data.root values are resolved against it
+APP_DIR = Path(__file__).resolve().parents[2]  # the app's root
 
 DATASET_NAMES: tuple[str, ...] = (
     "digits",
@@ -140,20 +141,16 @@ def load_source(data_cfg: Mapping) -> DataBundle:
 
 def _root_from_cfg(data_cfg: Mapping, name: str) -> Path:
     value = cfg_get(data_cfg, "root", None)
-    if value is None or value == "":
+    if value is not None and not isinstance(value, (str, os.PathLike)):
+        raise ConfigError(f"data.root={value!r} is invalid: expected a directory path")
+    root = resolve_root(name, value)
+    if root is None:
         raise ConfigError(
             f"data.root is required for data.name={name!r} with data.source=local: "
             "set it to the directory holding the dataset files"
         )
-    if not isinstance(value, (str, os.PathLike)):
-        raise ConfigError(f"data.root={value!r} is invalid: expected a directory path")
-    root = Path(os.path.expanduser(os.fspath(value)))
     if not root.exists():
-        hint = ""
-        if root.resolve().is_relative_to(APP_DIR):
-            hint = (f"; a relative data.root is resolved against the app's directory {APP_DIR} (under a SuperLink, "
-                    "its own copy of the app): give an absolute path")
-        raise ConfigError(f"data.root={str(root)!r} does not exist: expected the directory holding the {name} files{hint}")
+        raise missing_data_error(name, root)
     return root
 
 

@@ -41,13 +41,16 @@ def _unpickle(path: Path, label_key: bytes) -> tuple[np.ndarray, np.ndarray]:
     return data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1), labels
 
 
-def load_cifar(name: str, root: Path, data_cfg: Mapping, cache_dir: Path) -> DataBundle:
-    """CIFAR-10 or CIFAR-100 (``name``) from the pickles under ``root``, else from an image folder."""
+def _layout(name: str) -> tuple[str, list[str], list[str], bytes, int]:
     if name == "cifar10":
-        sub, train_files, test_files, key, ncls = (
-            "cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"], b"labels", 10)
-    else:
-        sub, train_files, test_files, key, ncls = ("cifar-100-python", ["train"], ["test"], b"fine_labels", 100)
+        return "cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"], b"labels", 10
+    return "cifar-100-python", ["train"], ["test"], b"fine_labels", 100
+
+
+def load_cifar_arrays(name: str, root: Path) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]] | None:
+    """(train, test) uint8 HWC images and labels from the python pickles under ``root`` (or
+    ``root`` itself); None when they are not there."""
+    sub, train_files, test_files, key, ncls = _layout(name)
     for d in (root / sub, root):
         if d.is_dir() and all((d / f).is_file() for f in train_files + test_files):
             parts_tr = [_unpickle(d / f, key) for f in train_files]
@@ -57,12 +60,19 @@ def load_cifar(name: str, root: Path, data_cfg: Mapping, cache_dir: Path) -> Dat
                 if bad.size:
                     raise ConfigError(f"{d / f}: label {int(y[bad[0]])} at index {int(bad[0])} is outside "
                                       f"0..{ncls - 1} ({bad.size} such labels)")
-            xtr = np.concatenate([p[0] for p in parts_tr])
-            ytr = np.concatenate([p[1] for p in parts_tr])
-            xte = np.concatenate([p[0] for p in parts_te])
-            yte = np.concatenate([p[1] for p in parts_te])
-            names = list(CIFAR10_CLASSES) if name == "cifar10" else None
-            return image_bundle(xtr, ytr, xte, yte, ncls, names)
+            return ((np.concatenate([p[0] for p in parts_tr]), np.concatenate([p[1] for p in parts_tr])),
+                    (np.concatenate([p[0] for p in parts_te]), np.concatenate([p[1] for p in parts_te])))
+    return None
+
+
+def load_cifar(name: str, root: Path, data_cfg: Mapping, cache_dir: Path) -> DataBundle:
+    """CIFAR-10 or CIFAR-100 (``name``) from the pickles under ``root``, else from an image folder."""
+    sub, train_files, test_files, _, ncls = _layout(name)
+    arrays = load_cifar_arrays(name, root)
+    if arrays is not None:
+        (xtr, ytr), (xte, yte) = arrays
+        names = list(CIFAR10_CLASSES) if name == "cifar10" else None
+        return image_bundle(xtr, ytr, xte, yte, ncls, names)
     try:
         folder = find_image_folder(root)
     except ConfigError as exc:

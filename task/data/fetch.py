@@ -1,0 +1,120 @@
+"""Downloading a data-home folder (``flrep data fetch``, and ``flrep run`` when the files are absent).
+
+Each fetcher writes one folder of :data:`task.data.home.HOME_FOLDERS` through torchvision's own
+downloads (progress bar, md5 check, mirrors). :func:`fetch_folder` downloads into a temporary
+folder beside the target and renames it into place, so a failed download leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+import tarfile
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from task.data.home import HOME_FOLDERS, data_home, missing_data_error
+from task.errors import ConfigError
+
+ADULT_URL = "https://archive.ics.uci.edu/ml/machine-learning-databases/adult/"
+ADULT_MD5 = {
+    "adult.data": "5d7c39d7b8804f071cdd1f2a7c460872",
+    "adult.test": "35238206dfdf7f1fe215bbb874adecdc",
+    "adult.names": "1a7cdb3ff7a1b709968b1c7a11def63e",
+}
+JPEG_QUALITY = 75
+
+
+def _mnist(dst: Path) -> None:
+    from torchvision.datasets import MNIST
+
+    MNIST(str(dst), download=True)
+
+
+def _fashion_mnist(dst: Path) -> None:
+    from torchvision.datasets import FashionMNIST
+
+    FashionMNIST(str(dst), download=True)
+
+
+def _cifar(dataset: str) -> Callable[[Path], None]:
+    def fetch(dst: Path) -> None:
+        from torchvision import datasets
+        from torchvision.datasets.utils import download_and_extract_archive
+
+        cls = datasets.CIFAR10 if dataset == "cifar10" else datasets.CIFAR100
+        download_and_extract_archive(cls.url, str(dst), filename=cls.filename, md5=cls.tgz_md5,
+                                     remove_finished=True)
+    return fetch
+
+
+def _cifar10_jpeg(dst: Path) -> None:
+    """CIFAR-10 re-encoded as ``CIFAR-10-images-jpeg.tar`` (``<split>/<class>/NNNN.jpg``, quality 75),
+    from the data home's ``cifar10`` folder (downloaded first when absent)."""
+    from PIL import Image
+
+    from task.data.datasets.cifar import CIFAR10_CLASSES, load_cifar_arrays
+
+    source = data_home() / "cifar10"
+    if not (source / "cifar-10-batches-py").is_dir():
+        fetch_folder("cifar10")
+    splits = load_cifar_arrays("cifar10", source)
+    with tarfile.open(dst / "CIFAR-10-images-jpeg.tar", "w") as tar:
+        for split, (images, labels) in zip(("train", "test"), splits):
+            for label, cls in enumerate(CIFAR10_CLASSES):
+                for i, index in enumerate((labels == label).nonzero()[0]):
+                    buffer = io.BytesIO()
+                    Image.fromarray(images[index]).save(buffer, format="JPEG", quality=JPEG_QUALITY)
+                    info = tarfile.TarInfo(f"{split}/{cls}/{i:04d}.jpg")
+                    info.size = buffer.tell()
+                    buffer.seek(0)
+                    tar.addfile(info, buffer)
+
+
+def _adult(dst: Path) -> None:
+    from torchvision.datasets.utils import download_url
+
+    for name, md5 in ADULT_MD5.items():
+        download_url(ADULT_URL + name, str(dst), filename=name, md5=md5)
+
+
+FETCHERS: dict[str, Callable[[Path], None]] = {
+    "mnist": _mnist,
+    "fashion-mnist": _fashion_mnist,
+    "cifar10": _cifar("cifar10"),
+    "cifar100": _cifar("cifar100"),
+    "cifar10-jpeg": _cifar10_jpeg,
+    "adult": _adult,
+}
+
+
+def fetch_folder(folder: str) -> Path:
+    """Download data-home folder ``folder`` (a key of ``HOME_FOLDERS``) unless it is there; its path."""
+    entry = HOME_FOLDERS.get(folder)
+    if entry is None:
+        raise ConfigError(f"data fetch: unknown dataset folder {folder!r}; known: {', '.join(HOME_FOLDERS)}")
+    target = data_home() / folder
+    if target.exists():
+        return target
+    if not entry.fetchable:
+        raise missing_data_error(entry.dataset, target)
+    try:
+        data_home().mkdir(parents=True, exist_ok=True)
+        partial = Path(tempfile.mkdtemp(prefix=f".{folder}.partial-", dir=data_home()))
+    except OSError as exc:
+        raise ConfigError(f"data: cannot write the data home {data_home()} ({exc}); set FLREP_DATA to a writable folder") from None
+    try:
+        print(f"[data] downloading {folder} into {target} ({entry.source})", flush=True)
+        FETCHERS[folder](partial)
+        partial.chmod(0o755)
+        partial.rename(target)
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - no network, a bad checksum, a full disk, ...
+        reason = " ".join(str(exc).split())[:300]
+        raise ConfigError(f"{missing_data_error(entry.dataset, target)} (the download failed: "
+                          f"{type(exc).__name__}: {reason})") from None
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return target

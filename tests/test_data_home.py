@@ -1,0 +1,171 @@
+"""The data home: where data.root points, the error when files are absent, and the downloads
+(tested against local stand-ins: the offline copies or generated files served over HTTP on
+loopback, never the network)."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import http.server
+import io
+import pickle
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from flower_app.config import load_config
+from flower_app.precheck import quick_check
+from offline_data import shared
+from task.data import fetch
+from task.data.home import resolve_root
+from task.data.sources import load_source
+from task.errors import ConfigError
+
+APP = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    """An empty data home."""
+    path = tmp_path / "home"
+    monkeypatch.setenv("FLREP_DATA", str(path))
+    return path
+
+
+def test_root_null_relative_and_absolute(home, tmp_path):
+    assert resolve_root("mnist", None) == home / "mnist"
+    assert resolve_root("fashion_mnist", None) == home / "fashion-mnist"
+    assert resolve_root("image_folder", "cifar10-jpeg/x.tar") == home / "cifar10-jpeg" / "x.tar"
+    assert resolve_root("mnist", str(tmp_path / "elsewhere")) == tmp_path / "elsewhere"
+    assert resolve_root("digits", None) is None
+    assert load_config("lg_mnist").data.root == str(home / "mnist")
+
+
+def test_no_experiment_names_the_shared_folder():
+    named = [p.name for p in (APP / "conf").rglob("*.yaml") if "../shared" in p.read_text()]
+    assert named == []
+
+
+@pytest.fixture
+def serve():
+    """Serve folders over HTTP on loopback ; their base URLs."""
+    servers = []
+
+    def url_of(folder: Path) -> str:
+        handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}/"
+    yield url_of
+    for server in servers:
+        server.shutdown()
+
+
+def test_missing_data_offline_fails_fast_naming_folder_and_fetch(home, tmp_path, monkeypatch, serve):
+    from torchvision.datasets import MNIST
+
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setattr(MNIST, "mirrors", [serve(tmp_path / "empty")])  # answers 404 to every file
+    with pytest.raises(ConfigError) as err:
+        quick_check("lg_mnist", [])
+    text = str(err.value)
+    assert str(home / "mnist") in text and "flrep data fetch mnist" in text and "train-images-idx3-ubyte" in text
+    assert [p.name for p in home.iterdir()] == []  # the failed download left nothing
+
+
+def test_run_with_absent_root_exits_2_in_seconds(tmp_path):
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "flower_app.cli", "run", "lg_mnist", f"data.root={tmp_path / 'absent'}",
+                           "--out", str(tmp_path / "out")], capture_output=True, text=True, cwd=APP, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert str(tmp_path / "absent") in proc.stderr
+    assert time.monotonic() - start < 30
+    assert not (tmp_path / "out").exists()
+
+
+def test_mnist_download_from_a_local_mirror(home, tmp_path, monkeypatch, serve):
+    from torchvision.datasets import MNIST
+
+    monkeypatch.setattr(MNIST, "mirrors", [serve(shared("mnist"))])
+    quick_check("lg_mnist", [])  # downloads into the data home
+    assert (home / "mnist" / "MNIST" / "raw" / "train-images-idx3-ubyte.gz").is_file()
+    fetched = load_source({"name": "mnist", "normalize": False})
+    original = load_source({"name": "mnist", "root": str(shared("mnist")), "normalize": False})
+    assert len(fetched.train.y) == 60000 and np.array_equal(fetched.train.y, original.train.y)
+    assert np.array_equal(np.asarray(fetched.test.x), np.asarray(original.test.x))
+
+
+def test_a_bad_checksum_is_refused_and_leaves_nothing(home, tmp_path, monkeypatch, serve):
+    from torchvision.datasets import MNIST
+
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    for f in shared("mnist").iterdir():
+        (mirror / f.name).write_bytes(f.read_bytes()[:-10] + b"0123456789")  # same size, other bytes
+    monkeypatch.setattr(MNIST, "mirrors", [serve(mirror)])
+    with pytest.raises(ConfigError, match="download failed"):
+        fetch.fetch_folder("mnist")
+    assert list(home.iterdir()) == []
+
+
+def test_adult_download_from_a_local_mirror(home, monkeypatch, serve):
+    monkeypatch.setattr(fetch, "ADULT_URL", serve(shared("adult")))
+    assert fetch.fetch_folder("adult") == home / "adult"
+    bundle = load_source({"name": "adult"})
+    assert len(bundle.train.y) > 30000
+
+
+def _fake_cifar10_archive(folder: Path) -> tuple[str, np.ndarray, np.ndarray]:
+    """A CIFAR-10 python archive with 2 images per class and batch; its md5, images and labels."""
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(10), 2)
+    buffer = io.BytesIO()
+    images = []
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+            smooth = np.kron(rng.integers(0, 256, (20, 3, 4, 4)), np.ones((1, 1, 8, 8))).astype(np.uint8)
+            images.append(smooth)
+            body = pickle.dumps({b"data": smooth.reshape(20, -1), b"labels": labels.tolist()})
+            info = tarfile.TarInfo(f"cifar-10-batches-py/{name}")
+            info.size = len(body)
+            tar.addfile(info, io.BytesIO(body))
+    path = folder / "cifar-10-python.tar.gz"
+    path.write_bytes(buffer.getvalue())
+    return hashlib.md5(path.read_bytes()).hexdigest(), np.concatenate(images[:5]), np.tile(labels, 5)
+
+
+def test_cifar10_jpeg_copy_is_built_from_a_downloaded_cifar10(home, tmp_path, monkeypatch, serve):
+    from torchvision.datasets import CIFAR10
+
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    md5, train_images, train_labels = _fake_cifar10_archive(mirror)
+    monkeypatch.setattr(CIFAR10, "url", serve(mirror) + "cifar-10-python.tar.gz")
+    monkeypatch.setattr(CIFAR10, "tgz_md5", md5)
+    quick_check("fedrep_cifar10_100x2", [])  # builds cifar10 and then the JPEG copy
+    assert (home / "cifar10" / "cifar-10-batches-py" / "test_batch").is_file()
+    with tarfile.open(home / "cifar10-jpeg" / "CIFAR-10-images-jpeg.tar") as tar:
+        names = tar.getnames()
+    assert "train/airplane/0000.jpg" in names and "test/truck/0001.jpg" in names and len(names) == 120
+    bundle = load_source(dict(load_config("fedrep_cifar10_100x2").data, normalize=False, cache_dir=str(tmp_path / "c")))
+    assert np.array_equal(np.sort(bundle.train.y), np.sort(train_labels))
+    first_airplane = np.asarray(bundle.train.x)[np.flatnonzero(bundle.train.y == 0)[0]]
+    decoded = first_airplane if first_airplane.shape[-1] == 3 else first_airplane.transpose(1, 2, 0)
+    errors = [np.abs(decoded - image.transpose(1, 2, 0) / 255.0).mean() for image in train_images]
+    assert errors[0] < 0.06 and errors[0] < min(errors[1:]) / 3  # lossy (quality 75), and the right image
+
+
+def test_flrep_data_lists_the_home(home, capsys):
+    from flower_app.cli import main
+
+    (home / "adult").mkdir(parents=True)
+    assert main(["data"]) == 0
+    out = capsys.readouterr().out
+    assert str(home) in out and "adult" in out and "present" in out and "flrep data fetch mnist" in out
