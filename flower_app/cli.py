@@ -63,7 +63,7 @@ def _prepare(args: argparse.Namespace, extra: list[str] = (), default_out: Path 
     """Overrides (the output directory fixed in them), the first variant and the output
     directory, after every check that needs no federation, ``check`` (the command's own)
     included: nothing is written before they pass. None after printing a configuration error."""
-    from flower_app import checkpoint
+    from flower_app import checkpoint, run_dir
     from flower_app.config import load_variants
     from flower_app.experiment import output_dir
     from flower_app.server_app import preflight
@@ -87,6 +87,7 @@ def _prepare(args: argparse.Namespace, extra: list[str] = (), default_out: Path 
             variants = load_variants(args.experiment, overrides)
         if check is not None:
             check(variants[0])
+        run_dir.check_writable(output_dir(variants[0]))  # before the data: out_dir= and the default folder too
         say(f"configuration checked: {args.experiment}, {len(variants)} variant(s)", since)
         loaded = time.time()
         fed = build_federated_data(variants[0].data, int(variants[0].seed))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -30,7 +30,9 @@ def run_files(out: Path) -> list[Path]:
 
 
 def check_writable(out: Path, key: str = "out_dir") -> None:
-    """``out`` is a directory this user can create and write (nothing is created yet)."""
+    """``out`` is a directory this user can create and write: a probe file is made and removed in
+    it, or in the nearest folder above it that exists (nothing else is created yet). A probe, not
+    ``os.access``: root passes ``os.access`` where no file can be made (``/sys``, some mounts)."""
     existing = out
     while not existing.exists():
         existing = existing.parent
@@ -38,8 +40,11 @@ def check_writable(out: Path, key: str = "out_dir") -> None:
         raise ConfigError(f"{key}={str(out)!r} is a file; expected a directory for the outputs")
     if not existing.is_dir():
         raise ConfigError(f"{key}={str(out)!r}: {existing} is a file, so the directory cannot be made")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"{key}={str(out)!r}: {existing} is not writable by this user")
+    try:
+        _new_file(existing / ".flrep-probe").unlink()
+    except OSError as err:
+        raise ConfigError(f"{key}={str(out)!r}: {existing} is not writable by this user "
+                          f"({err.strerror or err})") from None
 
 
 def claim(out: Path) -> None:
@@ -75,16 +80,28 @@ def read_summary(folder: Path) -> dict | None:
         return None
 
 
+def _new_file(stem: Path, suffix: str = "") -> Path:
+    """A new empty file ``<stem>.<random><suffix>`` with the mode ``open(path, "w")`` gives
+    (0666 less the umask; ``tempfile.mkstemp`` would give 0600 whatever the umask)."""
+    while True:
+        path = stem.with_name(f"{stem.name}.{secrets.token_hex(4)}{suffix}")
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            return path
+        except FileExistsError:
+            continue
+
+
 def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
-    """``write(tmp)`` into a temporary file beside ``path``, then rename it onto ``path``."""
+    """``write(tmp)`` into a temporary file beside ``path``, then rename it onto ``path`` (which
+    gets the mode of a file written in place: the umask holds)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
-    os.close(fd)
+    tmp = _new_file(path.with_name(f".{path.name}"), path.suffix)
     try:
-        write(Path(tmp))
+        write(tmp)
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 
