@@ -1,5 +1,6 @@
 """What a user sees while a run goes: flrep's own lines, Flower's and Ray's chatter only with
-``--verbose``, colour only on a terminal, a progress bar over the rounds on a terminal.
+``--verbose``, colour only on a terminal, a progress bar over the rounds and short round lines
+(:mod:`flower_app.progress`) on a terminal.
 
 ``flrep`` commands set :data:`VERBOSE_ENV` before the ServerApp starts, so the same choice
 holds in its simulation and in ``flwr run .`` (where the variable may be set by hand).
@@ -28,11 +29,16 @@ class _FlrepOnly(logging.Filter):
         return record.levelno >= logging.WARNING or str(record.msg).startswith(TAG)
 
 
+def verbose_chosen() -> bool:
+    """Whether the command asked for Flower's and Ray's own lines (:data:`VERBOSE_ENV` is ``1``)."""
+    return os.environ.get(VERBOSE_ENV) == "1"
+
+
 def configure(verbose: bool | None = None) -> None:
-    """Set up the console: ``verbose`` (default: :data:`VERBOSE_ENV` is ``1``) shows Flower's INFO
+    """Set up the console: ``verbose`` (default: :func:`verbose_chosen`) shows Flower's INFO
     lines and Ray's warnings; colour codes only when stderr is a terminal."""
     if verbose is None:
-        verbose = os.environ.get(VERBOSE_ENV) == "1"
+        verbose = verbose_chosen()
     update_console_handler(colored=sys.stderr.isatty())
     for handler in logging.getLogger(LOGGER_NAME).handlers:
         if isinstance(handler, ConsoleHandler):
@@ -62,15 +68,16 @@ class RoundBar:
             self.bar = tqdm(total=total, initial=done, desc=f"{TAG} rounds", unit="round", leave=False,
                             dynamic_ncols=True)
 
-    def advance(self, line: str) -> None:
-        """Log ``line`` (one round's) above the bar and move the bar on by a round."""
+    def advance(self, line: str, short: str) -> None:
+        """Log a round's ``line`` (on a terminal its ``short`` form, above the bar) and move the bar
+        on by a round."""
         from flwr.common.logger import log
 
         if self.bar is None:
             log(logging.INFO, line)
             return
         with self.bar.external_write_mode():
-            log(logging.INFO, line)
+            log(logging.INFO, short)
         self.bar.update(1)
 
     def close(self) -> None:

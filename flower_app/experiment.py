@@ -23,6 +23,7 @@ from flower_app import checkpoint, run_dir
 from flower_app.console import RoundBar
 from flower_app.config import clients_per_round, pick_device, validate_with_data
 from flower_app.federation import Federation, NodeSubset, Traffic, connect, rejoin
+from flower_app.progress import EXTRA_PROGRESS, terminal_round_line
 from flower_app.results import RunRecorder
 from flower_app.services import RunServices
 from flower_app.timing import PhaseTimer
@@ -35,11 +36,6 @@ from strategies.evaluator import ServerEvaluator
 from strategies.services import TRAIN_PHASE
 from task.data.sampling import sample_clients
 from task.learning.metrics import client_spread, final_window_mean, final_window_rounds
-
-#: Progress-line fields shown when a round reports them (regression and linear-representation runs).
-EXTRA_PROGRESS = (("personalized_loss", "personalized loss"), ("representation_distance", "dist(B,B*)"),
-                  ("global_grad_norm", "grad norm"))
-
 
 #: Set by ``flrep`` to the command's start (epoch seconds) so that a run in its simulation counts the
 #: engine's start-up as start-up too.
@@ -270,10 +266,10 @@ class Experiment:
         loop_start, first_round = time.monotonic(), self.next_round
         self.startup_s = loop_start - self.created + command_startup_s(self.started_at)
         self.start = loop_start - self.elapsed_before
-        bar = RoundBar(rounds, first_round - 1)
         log(INFO, "[flrep] start-up %.1fs (%s); training starts", self.startup_s, ", ".join(
             f"{name.removeprefix('start: ')} {v['s']:.1f}s" for name, v in self.timer.as_dict().items()
             if name.startswith("start:")))
+        bar = RoundBar(rounds, first_round - 1)  # after the line above: a line logged under the bar would join it
         for t in range(self.next_round, 0 if self.main_done else rounds + 1):
             self.adopt_restarted(t, fed)
             with self.timer.phase("round: prepare"):
@@ -290,8 +286,10 @@ class Experiment:
                 if any(p.ends_main_phase(eval_record, self.services) for p in self.protocols):
                     self.last_main_round, self.main_done = t, True
             last = self.strategy.last_round(rounds)
-            bar.advance(self.round_line(t, last, train_record, eval_record,
-                                        (time.monotonic() - loop_start) / (t - first_round + 1)))
+            per_round = (time.monotonic() - loop_start) / (t - first_round + 1)
+            bar.advance(self.round_line(t, last, train_record, eval_record, per_round),
+                        terminal_round_line(t, last, train_record, eval_record, time.monotonic() - self.start,
+                                            per_round * (last - t)))
             if not self.main_done and (t >= last or self.already_failed(rounds)):
                 self.last_main_round, self.main_done = t, True
             with self.timer.phase("round: checkpoint"):
@@ -329,7 +327,7 @@ class Experiment:
         if evaluation is not None:
             parts.append(f"personalized acc {fmt(evaluation['personalized_accuracy'])}")
             parts.append(f"global acc {fmt(evaluation.get('global_accuracy'))}")
-            parts += [f"{name} {fmt(evaluation.get(key))}" for key, name in EXTRA_PROGRESS
+            parts += [f"{name} {fmt(evaluation.get(key))}" for key, name, _ in EXTRA_PROGRESS
                       if evaluation.get(key) is not None
                       and (key != "personalized_loss" or evaluation["personalized_accuracy"] is None)]
         parts.append(f"elapsed {time.monotonic() - self.start:.1f}s | ETA {seconds_per_round * (rounds - t):.1f}s")

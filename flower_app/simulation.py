@@ -20,6 +20,7 @@ from flwr.common.logger import log
 from omegaconf import DictConfig
 
 from flower_app.config import PROJECT_DIR as APP_DIR
+from flower_app.console import verbose_chosen
 from strategies.state_store import SIMULATION_ENV
 from task.errors import ConfigError
 
@@ -58,7 +59,9 @@ def run_blocking(experiment: str, overrides: list[str], num_supernodes: int, cli
     os.environ[SIMULATION_ENV] = "1"  # the simulated nodes (Ray workers inherit it) share this machine's disk
     backend_config = {
         "client_resources": {"num_cpus": client_cpus, "num_gpus": client_gpus},
-        "init_args": {"logging_level": "ERROR", "log_to_driver": True},
+        # the ClientApps' own output (Ray's worker lines) reaches this process only with --verbose;
+        # their failures come back in their replies and are logged here
+        "init_args": {"logging_level": "ERROR", "log_to_driver": verbose_chosen()},
     }
     _run_simulation(
         num_supernodes=num_supernodes,

@@ -36,5 +36,5 @@ def test_only_flrep_lines_and_warnings_pass_unless_verbose():
 def test_the_round_bar_is_silent_off_a_terminal():
     bar = console.RoundBar(total=3, done=0)
     assert bar.bar is None
-    bar.advance("[flrep] round 1/3 | train loss 0.5")
+    bar.advance("[flrep] round 1/3 | train loss 0.5 | 5/5 clients replied", "[flrep] round 1/3 | loss 0.5")
     bar.close()
