@@ -63,16 +63,18 @@ def plot_comparison(records: dict[str, list[dict]], path: Path, title: str) -> P
     has_new = any(r.get("newclient_accuracy_by_epoch") for recs in records.values() for r in recs)
     fig, axes = plt.subplots(1, 1 + has_new, figsize=(7 + 6 * has_new, 4.5), squeeze=False)
     ax = axes[0][0]
+    plotted: set[str] = set()  # what the y axis shows, per variant
     for i, (label, recs) in enumerate(records.items()):
         evals = [r for r in recs if r.get("phase") == "eval"]
         regression = all(r.get("personalized_accuracy") is None for r in evals)
+        plotted.add("test loss" if regression else "test accuracy")
         keys = (("personalized_loss", "-", " (loss)"),) if regression else (
             ("personalized_accuracy", "-", ""), ("global_accuracy", "--", " (global)"))
         for key, style, suffix in keys:
             pts = [(r["round"], r[key]) for r in evals if r.get(key) is not None]
             if pts:
                 ax.plot(*zip(*pts), style, color=f"C{i}", label=label + suffix)
-    ax.set(xlabel="round", ylabel="test accuracy (loss for regression)", title=title)
+    ax.set(xlabel="round", ylabel=" / ".join(sorted(plotted)), title=title)
     ax.grid(alpha=0.3)
     if ax.lines:
         ax.legend(fontsize=8)

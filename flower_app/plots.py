@@ -10,6 +10,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from flower_app.run_dir import write_atomic  # noqa: E402
 
@@ -45,6 +46,7 @@ def plot_run(records: list[dict], plots_dir: Path, title: str) -> list[Path]:
         last = spread[-1]
         ax2.hist(list(last["client_accuracy"].values()), bins=10, color="tab:orange")
         ax2.set(xlabel="local test accuracy", ylabel="clients", title=f"round {last['round']}")
+        ax2.yaxis.set_major_locator(MaxNLocator(integer=True))  # counts of clients
     ax.set(xlabel="round", ylabel="local test accuracy per client", title=f"{title}: spread over clients")
     ax.grid(alpha=0.3)
     written.append(plots_dir / "client_spread.png")
