@@ -547,8 +547,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)  # --help, no or an unknown command
 
 
+def _current_directory_importable() -> None:
+    """Plug-in modules in the current directory import here and in the processes this command
+    starts (simulation workers, SuperNodes), as with ``python -m``; after everything else on the path."""
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.append(cwd)
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if cwd not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([*paths, cwd])
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    _current_directory_importable()
     if argv[:1] == ["bench"]:
         from task.learning.benchmark import main as bench_main
 

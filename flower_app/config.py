@@ -12,6 +12,7 @@ import functools
 import math
 import shlex
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -19,6 +20,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 
 from protocols import PROTOCOLS
 from strategies import ALGORITHMS
+from flower_app.plugins import load_plugins
 from flower_app.schema import run_schema
 from flower_app.suggest import choices_at, did_you_mean
 from strategies.checks import allowed_at, check_ranges, require
@@ -55,6 +57,7 @@ def load_config(experiment: str, overrides: str | Iterable[str] = ()) -> DictCon
             f"experiment: unknown experiment '{experiment}'; available: {', '.join(experiment_names())}"
             f"{did_you_mean(experiment, experiment_names())}"
         )
+    load_plugins(_plugins_named((CONF_DIR / "base.yaml", exp_path), overrides))
     schema = run_schema()
     cfg = OmegaConf.structured(schema)
     for path in (CONF_DIR / "base.yaml", exp_path):
@@ -81,6 +84,26 @@ def load_config(experiment: str, overrides: str | Iterable[str] = ()) -> DictCon
     check_ranges(cfg, schema)
     validate(cfg)
     return cfg
+
+
+def _plugins_named(files: Iterable[Path], overrides: str | Iterable[str]) -> list[str]:
+    """The ``plugins`` modules the files and overrides name (read before the schema, which needs them)."""
+    modules: object = []
+    for path in files:
+        try:
+            modules = OmegaConf.load(path).get("plugins", modules)
+        except (yaml.YAMLError, OmegaConfBaseException):
+            pass  # reported with its file by the full merge
+    for item in parse_overrides(overrides):
+        if item.partition("=")[0].strip() == "plugins":
+            try:
+                modules = OmegaConf.from_dotlist([item]).plugins
+            except (yaml.YAMLError, OmegaConfBaseException):
+                raise ConfigError(f"override {item!r}: expected plugins=[module, ...]") from None
+    modules = OmegaConf.to_container(modules) if OmegaConf.is_list(modules) else modules
+    if not isinstance(modules, list) or not all(isinstance(m, str) and m for m in modules):
+        raise ConfigError(f"plugins: got {modules!r}, expected a list of module names, e.g. plugins=[my_ditto]")
+    return modules
 
 
 def base_defaults() -> dict:

@@ -163,6 +163,7 @@ def _core_fields() -> list[tuple[str, Any, Any]]:
     return [
         ("algorithm", one_of(tuple(ALGORITHMS)), MISSING),
         ("label", Optional[str], None),
+        ("plugins", list[str], MISSING),
         ("compare", list[str], MISSING),
         ("seed", int, nonnegative()),
         ("rounds", int, positive()),

@@ -1,71 +1,38 @@
-"""An algorithm is a plug-in: one defined here, outside strategies/, runs through the real
-ServerApp/ClientApp loop; and the Flower plumbing in flower_app/ names no algorithm."""
+"""An algorithm is a plug-in: the template examples/plugins/fedavg_clip.py, outside strategies/,
+runs through the real ServerApp/ClientApp loop; and the Flower plumbing in flower_app/ names no
+algorithm. Loading plug-ins in every process: tests/test_plugin_loading.py."""
 
 import ast
+import importlib.util
 import math
 import re
-from dataclasses import dataclass
+import sys
 from pathlib import Path
 
 import pytest
-from flwr.app import ArrayRecord, MetricRecord
-from flwr.serverapp.strategy import FedAvg
 
 from flower_app.config import load_config
 from flower_app.server_app import Experiment
 from strategies import ALGORITHMS, Algorithm, register
-from strategies.base import TAKE_ALL_NODES, ServerHooks, all_keys
-from strategies.checks import positive
-from strategies.common import ARRAYS, NUM_EXAMPLES, ClientRuntime, reply, round_config
+from strategies.base import all_keys
+from strategies.common import ARRAYS
 from task.errors import ConfigError
 from tests.local_grid import LocalGrid
 
 MAX_NORM = 0.5
 OVERRIDES = "wandb.enabled=false compare=[] data.num_clients=4 train.fraction=0.5 rounds=3 eval.final_window=1"
-
-
-@dataclass
-class ClipConfig:
-    """The plug-in's own config section, ``clip.*``, with its defaults (conf/base.yaml has none)."""
-
-    max_norm: float = positive(MAX_NORM)
-
-
-class ClippedFedAvg(ServerHooks, FedAvg):
-    """FedAvg whose server clips the averaged update to norm ``clip.max_norm`` (server-side update clipping)."""
-
-    def __init__(self, max_norm: float) -> None:
-        super().__init__(**TAKE_ALL_NODES)
-        self.max_norm = max_norm
-
-    def configure_train(self, server_round, arrays, config, grid):
-        self.sent = arrays
-        return super().configure_train(server_round, arrays, config, grid)
-
-    def aggregate_train(self, server_round: int, replies) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        arrays, metrics = super().aggregate_train(server_round, replies)
-        if arrays is None:
-            return None, metrics
-        old, new = self.sent.to_torch_state_dict(), arrays.to_torch_state_dict()
-        norm = math.sqrt(sum(float(((new[k] - old[k]) ** 2).sum()) for k in new))
-        scale = min(1.0, self.max_norm / max(norm, 1e-12))
-        return ArrayRecord({k: old[k] + scale * (new[k] - old[k]) for k in new}), metrics
-
-
-def local_sgd(rt: ClientRuntime, content):
-    """The client half: the configured local epochs from the received model."""
-    rt.load(content[ARRAYS])
-    result = rt.local_training(round_config(content))
-    return reply(rt.arrays(), train_loss=result.mean_loss, **{NUM_EXAMPLES: len(rt.train)})
+TEMPLATE = Path(__file__).resolve().parents[1] / "examples" / "plugins" / "fedavg_clip.py"
 
 
 @pytest.fixture
 def clipped_fedavg():
-    algorithm = register(Algorithm(name="fedavg_clip", make_strategy=lambda cfg: ClippedFedAvg(cfg.clip.max_norm),
-                                   handlers={"train": local_sgd}, shared_keys=all_keys,
-                                   config=ClipConfig, section="clip"))
-    yield algorithm
-    ALGORITHMS.pop(algorithm.name)
+    """The plug-in template (examples/plugins/fedavg_clip.py), imported and registered for one test."""
+    spec = importlib.util.spec_from_file_location("fedavg_clip_template", TEMPLATE)
+    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    yield module.ALGORITHM
+    ALGORITHMS.pop(module.ALGORITHM.name)
+    del sys.modules[spec.name]
 
 
 def test_an_algorithm_defined_outside_strategies_runs_through_the_real_loop(tmp_path, clipped_fedavg):
@@ -99,7 +66,7 @@ def test_a_plugin_section_is_typed_and_checked_by_the_library(tmp_path, clipped_
 
 def test_registering_needs_a_new_name_and_a_train_handler():
     with pytest.raises(ValueError, match="already registered"):
-        register(Algorithm(name="fedavg", make_strategy=lambda cfg: None, handlers={"train": local_sgd},
+        register(Algorithm(name="fedavg", make_strategy=lambda cfg: None, handlers={"train": lambda rt, c: c},
                            shared_keys=all_keys))
     with pytest.raises(ValueError, match="train"):
         register(Algorithm(name="nothing", make_strategy=lambda cfg: None, handlers={}, shared_keys=all_keys))

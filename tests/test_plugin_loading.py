@@ -1,0 +1,106 @@
+"""Plug-ins load in every process of a run: the template examples/plugins/fedavg_clip.py, copied
+beside the user's experiments and named in ``plugins``, runs through the simulation engine's Ray
+workers and through real SuperNodes; an installed package's entry point is loaded without the key;
+a plug-in that cannot be imported stops the command before start-up, naming it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from flower_app.config import load_config
+from flower_app.plugins import ENTRY_POINT_GROUP
+from strategies import ALGORITHMS
+from task.errors import ConfigError
+
+APP = Path(__file__).resolve().parents[1]
+TEMPLATE = APP / "examples" / "plugins" / "fedavg_clip.py"
+RUN = ["plugins=[fedavg_clip]", "algorithm=fedavg_clip", "compare=[]", "wandb.enabled=false", "eval.final_window=1"]
+
+
+def _flrep(args: list[str], cwd: Path, timeout: int) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # only the current directory offers the plug-in
+    return subprocess.run([sys.executable, "-m", "flower_app.cli", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture
+def user_folder(tmp_path) -> Path:
+    """A user's folder holding a copy of the plug-in template, and nothing else."""
+    folder = tmp_path / "experiments"
+    folder.mkdir()
+    shutil.copy(TEMPLATE, folder / "fedavg_clip.py")
+    return folder
+
+
+def _completed(out: Path, result: subprocess.CompletedProcess) -> dict:
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["algorithm"] == "fedavg_clip"
+    return summary
+
+
+def test_a_plugin_runs_through_the_simulation_engines_workers(user_folder):
+    out = user_folder / "out"
+    result = _flrep(["run", "quickstart", *RUN, "rounds=2", "data.num_clients=6", "train.fraction=1.0",
+                     "simulation.client_cpus=1", "--out", str(out)], user_folder, timeout=600)
+    _completed(out, result)
+    trains = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    trains = [r for r in trains if r["phase"] == "train"]
+    assert [r["round"] for r in trains] == [1, 2] and all(r["failed_clients"] == [] for r in trains)
+    assert "clip" in (out / "config.yaml").read_text()
+
+
+def test_a_plugin_runs_on_real_supernodes(user_folder):
+    out = user_folder / "out"
+    result = _flrep(["deploy", "--nodes", "2", "quickstart", *RUN, "rounds=1", "train.fraction=1.0",
+                     "--out", str(out)], user_folder, timeout=600)
+    _completed(out, result)
+
+
+def test_a_plugin_that_cannot_be_imported_stops_the_run_before_start_up(user_folder):
+    out = user_folder / "out"
+    start = time.monotonic()
+    result = _flrep(["run", "quickstart", "plugins=[fedavg_clipp]", "algorithm=fedavg_clip", "--out", str(out)],
+                    user_folder, timeout=120)
+    assert result.returncode == 2 and "plugins: cannot import 'fedavg_clipp'" in result.stderr, result.stderr
+    assert time.monotonic() - start < 60 and not out.exists()
+
+
+def test_an_installed_packages_entry_point_is_loaded_without_the_key(tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    (site / "flrep_clip_plugin-0.1.dist-info").mkdir(parents=True)
+    (site / "flrep_clip_plugin-0.1.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: flrep-clip-plugin\nVersion: 0.1\n")
+    (site / "flrep_clip_plugin-0.1.dist-info" / "entry_points.txt").write_text(
+        f"[{ENTRY_POINT_GROUP}]\nfedavg_clip = fedavg_clip_installed\n")
+    shutil.copy(TEMPLATE, site / "fedavg_clip_installed.py")
+    monkeypatch.syspath_prepend(str(site))
+    try:
+        cfg = load_config("quickstart", ["algorithm=fedavg_clip", "clip.max_norm=0.2"])
+        assert cfg.algorithm == "fedavg_clip" and cfg.clip.max_norm == 0.2 and cfg.plugins == []
+    finally:
+        ALGORITHMS.pop("fedavg_clip", None)
+        sys.modules.pop("fedavg_clip_installed", None)
+
+
+def test_a_broken_entry_point_is_named(tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    (site / "broken_plugin-0.1.dist-info").mkdir(parents=True)
+    (site / "broken_plugin-0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 0.1\n")
+    (site / "broken_plugin-0.1.dist-info" / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\nbroken = no_such_module\n")
+    monkeypatch.syspath_prepend(str(site))
+    with pytest.raises(ConfigError, match="entry point broken = 'no_such_module'.*package broken-plugin"):
+        load_config("quickstart")
+
+
+def test_the_plugins_key_takes_a_list_of_module_names():
+    with pytest.raises(ConfigError, match=r"plugins: got 3, expected a list of module names"):
+        load_config("quickstart", ["plugins=3"])
