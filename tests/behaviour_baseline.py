@@ -13,6 +13,7 @@ value of every ``metrics.jsonl`` record and of ``summary.json`` must be equal.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -20,6 +21,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+SHARED_DATASETS = ROOT.parent / "shared" / "datasets"
+if SHARED_DATASETS.is_dir():  # the data home of the recorded cases (docs/data.md)
+    os.environ.setdefault("FLREP_DATA", str(SHARED_DATASETS))
 
 TINY = ("wandb.enabled=false compare=[] data.num_clients=6 train.fraction=0.5 rounds=3 eval.every=1 "
         "eval.final_window=2 fedrep.head_epochs=2")
