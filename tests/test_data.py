@@ -537,6 +537,7 @@ def test_hub_failure_is_config_error(monkeypatch, tmp_path):
         load_source({"name": "mnist", "source": "hub", "cache_dir": str(tmp_path)})
     msg = str(err.value)
     assert "data.source" in msg and "data.hub_id='ylecun/mnist'" in msg and "no route to huggingface.co" in msg
+    assert "data.source=local (the data home's folder after `flrep data fetch mnist`, or data.root)" in msg
     with pytest.raises(ConfigError, match=r"data\.hub_id='me/other'"):
         load_source({"name": "cifar10", "source": "hub", "hub_id": "me/other", "cache_dir": str(tmp_path)})
 

@@ -60,6 +60,15 @@ def _hub_split_arrays(ds: Any, name: str, mode: str, where: str) -> tuple[np.nda
     return x, y, writers
 
 
+def _local_alternative(name: str) -> str:
+    """How to read ``name`` from local files instead (the data home, or data.root)."""
+    from task.data.home import DEFAULT_FOLDERS, HOME_FOLDERS
+
+    entry = HOME_FOLDERS.get(DEFAULT_FOLDERS.get(name, ""))
+    fetch = f" after `flrep data fetch {entry.folder}`" if entry is not None and entry.fetchable else ""
+    return f"data.source=local (the data home's folder{fetch}, or data.root)"
+
+
 def _hub_split_or_none(fds, split: str):
     """The whole ``split`` of a flwr-datasets FederatedDataset, or None when it has no such split."""
     try:
@@ -84,7 +93,7 @@ def load_hub(name: str, data_cfg: Mapping, cache_dir: Path, normalize: bool) -> 
     except Exception as exc:  # noqa: BLE001 - network, auth, missing dataset, ...
         raise ConfigError(
             f"data.source='hub': could not load {where} from the Hugging Face Hub "
-            f"({type(exc).__name__}: {exc}); check the id and network access, or use data.source=local with data.root"
+            f"({type(exc).__name__}: {exc}); check the id and network access, or use {_local_alternative(name)}"
         ) from exc
     mode = "RGB" if name in ("cifar10", "cifar100") else "L"
     splits = list(dd.keys())
