@@ -468,6 +468,23 @@ def test_femnist_malformed(tmp_path):
         load_source(cfg)
 
 
+def test_femnist_num_samples_that_disagree_with_user_data_name_the_file_and_user(tmp_path):
+    (tmp_path / "train").mkdir()
+    (tmp_path / "test").mkdir()
+    shard = tmp_path / "train" / "s0.json"
+    (tmp_path / "test" / "s0.json").write_text(json.dumps(leaf_json({"a": [3], "b": [4]})))
+    cfg = {"name": "femnist", "root": str(tmp_path), "cache_dir": str(tmp_path / "c")}
+    data = leaf_json({"a": [1, 2], "b": [5]})
+    data["num_samples"] = [2, 3]
+    shard.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=r"s0\.json: num_samples gives 3 samples for user 'b', its user_data holds 1"):
+        load_source(cfg)
+    data["num_samples"] = [2]
+    shard.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=r"s0\.json: num_samples has 1 entries for 2 users"):
+        load_source(cfg)
+
+
 def test_femnist_real_shards(module_cache):
     root = shared("femnist")
     b = load_source({"name": "femnist", "root": str(root), "cache_dir": module_cache})

@@ -79,7 +79,21 @@ def _parse_leaf_json(path: Path) -> tuple[list[str], list[np.ndarray], list[np.n
         users.append(str(user))
         xs.append(x)
         ys.append(y)
+    _check_num_samples(path, obj.get("num_samples"), users, ys)
     return users, xs, ys
+
+
+def _check_num_samples(path: Path, counts: object, users: list[str], ys: list[np.ndarray]) -> None:
+    """LEAF's optional ``num_samples`` (one count per user) agrees with ``user_data``."""
+    if counts is None:
+        return
+    if not isinstance(counts, list) or len(counts) != len(users):
+        size = len(counts) if isinstance(counts, list) else "no list of"
+        raise ConfigError(f"{path}: num_samples has {size} entries for {len(users)} users")
+    for user, count, y in zip(users, counts, ys):
+        if count != len(y):
+            raise ConfigError(f"{path}: num_samples gives {count} samples for user {user!r}, its user_data "
+                              f"holds {len(y)}; the shard is inconsistent (truncated or edited)")
 
 
 def _read_leaf_split(files: list[Path]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
