@@ -26,8 +26,8 @@ import torch
 from flwr.app import ArrayRecord
 from omegaconf import DictConfig, OmegaConf
 
-from strategies.state_store import save_atomic
 from task.errors import ConfigError
+from task.files import save_torch_atomic
 
 SERVER_FILE = "server.pt"
 #: The layout of ``server.pt``; a checkpoint of another format is refused, never guessed at.
@@ -58,12 +58,10 @@ def _completed(summary: Path) -> bool:
 
 def save(out_dir: Path, state: dict[str, Any]) -> Path:
     """Write the server checkpoint ``state`` atomically; its path."""
-    folder = checkpoint_dir(out_dir)
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / SERVER_FILE
+    path = checkpoint_dir(out_dir) / SERVER_FILE
     state = dict(state, format=FORMAT, rng={"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
                              "python": random.getstate()})
-    save_atomic(state, path)
+    save_torch_atomic(state, path)
     return path
 
 

@@ -30,7 +30,8 @@ from flower_app.config import run_config_of
 from flower_app.timing import stamp
 from strategies import ALGORITHMS
 from strategies.common import CONFIG
-from strategies.state_store import in_simulation, node_home, safe_name, save_atomic
+from strategies.state_store import in_simulation, node_home, safe_name
+from task.files import save_torch_atomic
 
 LOCATION = "flrep-checkpoint"  # context.state entry: where this node's snapshots go
 KEEP = 2
@@ -124,7 +125,7 @@ def _snapshot(context: Context, variant: str, server_round: int) -> None:
             else:
                 entries[key] = {"config": config}
     path = folder / f"round{server_round:06d}.pt"
-    save_atomic({"variant": variant, "entries": entries}, path)
+    save_torch_atomic({"variant": variant, "entries": entries}, path)
     for old in sorted(folder.glob("round*.pt"))[:-KEEP]:
         old.unlink()
         shutil.rmtree(old.with_suffix(".files"), ignore_errors=True)

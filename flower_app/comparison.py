@@ -19,6 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from flower_app.plots import plot_linear, save_figure  # noqa: E402
 from flower_app.results import clean_json  # noqa: E402
 from flower_app.run_dir import write_text_atomic  # noqa: E402
+from task.files import WriteFailed  # noqa: E402
 
 #: (summary key, column title) of the comparison table, shown when any variant has a value.
 COLUMNS = (
@@ -59,7 +60,6 @@ def comparison_table(summaries: dict[str, dict]) -> str:
 def plot_comparison(records: dict[str, list[dict]], path: Path, title: str) -> Path:
     """Accuracy per round of every variant (personalized solid, global dashed; the loss for
     regression), plus the new-client curves when present."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     has_new = any(r.get("newclient_accuracy_by_epoch") for recs in records.values() for r in recs)
     fig, axes = plt.subplots(1, 1 + has_new, figsize=(7 + 6 * has_new, 4.5), squeeze=False)
     ax = axes[0][0]
@@ -116,10 +116,19 @@ def write_comparison(out_dir: Path, summaries: dict[str, dict], records: dict[st
     failed = [label for label, s in summaries.items() if s.get("status") != "completed"]
     if failed:
         summary["failure_reason"] = "; ".join(f"{label}: {summaries[label].get('failure_reason')}" for label in failed)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out_dir / "comparison.md", f"# {title}\n\n" + comparison_table(summaries))
-    plot_comparison(records, out_dir / "plots" / "comparison.png", title)
-    if any(r.get("representation_distance") is not None for recs in records.values() for r in recs):
-        plot_linear(records, out_dir / "plots" / "linear.png", title)
-    write_text_atomic(out_dir / "summary.json", json.dumps(clean_json(summary), indent=2) + "\n")
+    try:
+        write_text_atomic(out_dir / "comparison.md", f"# {title}\n\n" + comparison_table(summaries))
+        plot_comparison(records, out_dir / "plots" / "comparison.png", title)
+        if any(r.get("representation_distance") is not None for recs in records.values() for r in recs):
+            plot_linear(records, out_dir / "plots" / "linear.png", title)
+    except WriteFailed as err:  # a result is missing: the comparison failed, and says which file
+        summary.update(status="failed", failure_reason=str(err))
+        _write_summary(out_dir, summary)
+        raise
+    _write_summary(out_dir, summary)
     return summary
+
+
+def _write_summary(out_dir: Path, summary: dict) -> None:
+    """The comparison's ``summary.json``."""
+    write_text_atomic(out_dir / "summary.json", json.dumps(clean_json(summary), indent=2) + "\n")

@@ -35,6 +35,7 @@ from strategies.common import failure_fields, fmt
 from strategies.evaluator import ServerEvaluator
 from strategies.services import TRAIN_PHASE
 from task.data.sampling import sample_clients
+from task.files import WriteFailed
 from task.learning.metrics import client_spread, final_window_mean, final_window_rounds
 
 #: Set by ``flrep`` to the command's start (epoch seconds) so that a run in its simulation counts the
@@ -258,6 +259,42 @@ class Experiment:
             self.tracker.log({f"{track}/{k}": v for k, v in record.items()}, step=record["round"])
 
     def run(self) -> dict:
+        """Train and evaluate, then write the results. A result that cannot be written (a full disk)
+        stops the run: its summary, when that can still be written, says failed and names the file."""
+        summary = None
+        try:
+            summary = self.train()
+            self.recorder.finish(summary, self.name)
+        except WriteFailed as err:
+            self.stopped_by(err, summary)
+            raise
+        self.tracker.finish(summary)
+        if summary["status"] != "completed":
+            log(ERROR, "[flrep] run failed: %s", summary["failure_reason"])
+        log(INFO, "[flrep] personalized accuracy %s, global accuracy %s (%s), %.1fs",
+            fmt(summary["personalized_accuracy"]), fmt(summary["global_accuracy"]),
+            describe_window(summary["final_window_rounds"]), summary["wall_time_s"])
+        log(INFO, "[flrep] outputs: %s", self.out_dir)
+        return summary
+
+    def stopped_by(self, err: WriteFailed, summary: dict | None) -> None:
+        """Say in the log that ``err`` stopped the run and how to continue it; before its summary was
+        made (``summary`` None), also in a short summary, if that can still be written."""
+        cfg = self.cfg
+        log(ERROR, "[flrep] %s: the run stopped in round %d; make room, then continue it with resume=%s",
+            err, self.last_round_run, self.out_dir)
+        if summary is not None:  # the recorder wrote it as failed, naming the file
+            return
+        try:
+            self.recorder.write_summary({
+                "status": "failed", "failure_reason": str(err), "experiment": cfg.experiment,
+                "algorithm": cfg.algorithm, "dataset": cfg.data.name, "rounds": int(cfg.rounds),
+                "seed": int(cfg.seed), "out_dir": str(self.out_dir)})
+        except WriteFailed as again:
+            log(ERROR, "[flrep] no summary was written either: %s", again)
+
+    def train(self) -> dict:
+        """The round loop and the protocols' phases after it; the run's summary."""
         cfg = self.cfg
         rounds = int(cfg.rounds)
         log(INFO, "[flrep] %s: %s on %s, %d clients (%d per round), %d rounds -> %s",
@@ -304,17 +341,7 @@ class Experiment:
                 record = protocol.after_training(self.services)
             if record is not None:
                 self.log_record(record)
-        summary = self.summary()
-        self.recorder.write_summary(summary)
-        self.recorder.plot(self.name)
-        self.tracker.finish(summary)
-        if summary["status"] != "completed":
-            log(ERROR, "[flrep] run failed: %s", summary["failure_reason"])
-        log(INFO, "[flrep] personalized accuracy %s, global accuracy %s (%s), %.1fs",
-            fmt(summary["personalized_accuracy"]), fmt(summary["global_accuracy"]),
-            describe_window(summary["final_window_rounds"]), summary["wall_time_s"])
-        log(INFO, "[flrep] outputs: %s", self.out_dir)
-        return summary
+        return self.summary()
 
     def round_line(self, t: int, rounds: int, train: dict, evaluation: dict | None, seconds_per_round: float) -> str:
         """Round ``t`` in one line: training loss, clients that replied, traffic so far, the

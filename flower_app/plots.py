@@ -16,13 +16,13 @@ from flower_app.run_dir import write_atomic  # noqa: E402
 
 
 def save_figure(fig, path: Path) -> None:
-    """Write ``fig`` to ``path`` atomically (a reader never sees half a PNG)."""
+    """Write ``fig`` to ``path`` (and its folder) atomically (a reader never sees half a PNG; a
+    failed write leaves no file and names ``path``)."""
     write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=120, bbox_inches="tight"))
 
 
 def plot_run(records: list[dict], plots_dir: Path, title: str) -> list[Path]:
     """Write ``accuracy.png`` and ``client_spread.png`` from the eval records; return paths."""
-    plots_dir.mkdir(parents=True, exist_ok=True)
     evals = [r for r in records if r.get("phase") == "eval"]
     written = []
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -72,7 +72,6 @@ def plot_run(records: list[dict], plots_dir: Path, title: str) -> list[Path]:
 def plot_linear(records: dict[str, list[dict]], path: Path, title: str) -> Path:
     """Linear representation runs: dist(B, B*) and global-loss gradient norm per round, and
     the new-client error against the number of samples n (one line per variant)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig, (ax_d, ax_g, ax_n) = plt.subplots(1, 3, figsize=(17, 4.5))
     alone = None
     for i, (label, recs) in enumerate(records.items()):

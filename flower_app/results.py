@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from flower_app.plots import plot_run
 from flower_app.run_dir import write_text_atomic
+from task.files import WriteFailed, append_line
 
 
 def clean_json(value: Any) -> Any:
@@ -42,11 +43,10 @@ class RunRecorder:
         write_text_atomic(self.metrics_path, "".join(json.dumps(r) + "\n" for r in self.records))
 
     def log(self, record: dict[str, Any]) -> None:
-        """Append one record to ``metrics.jsonl``."""
+        """Append one record to ``metrics.jsonl`` (a whole line or, when the write fails, nothing)."""
         record = clean_json(record)
+        append_line(self.metrics_path, json.dumps(record) + "\n")
         self.records.append(record)
-        with self.metrics_path.open("a") as fh:
-            fh.write(json.dumps(record) + "\n")
 
     def write_summary(self, summary: dict[str, Any]) -> Path:
         """Write ``summary.json``."""
@@ -54,6 +54,13 @@ class RunRecorder:
         write_text_atomic(path, json.dumps(clean_json(summary), indent=2) + "\n")
         return path
 
-    def plot(self, title: str) -> list[Path]:
-        """Write the plots of the records so far."""
-        return plot_run(self.records, self.out_dir / "plots", title)
+    def finish(self, summary: dict[str, Any], title: str) -> None:
+        """Write the plots, then ``summary.json``. A plot that cannot be written makes the run
+        failed (its reason names the file) and is raised after that summary is written."""
+        try:
+            plot_run(self.records, self.out_dir / "plots", title)
+        except WriteFailed as err:
+            summary.update(status="failed", failure_reason=str(err))
+            self.write_summary(summary)
+            raise
+        self.write_summary(summary)

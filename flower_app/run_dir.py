@@ -16,6 +16,7 @@ from datetime import datetime
 from pathlib import Path
 
 from task.errors import ConfigError
+from task.files import fail_cleanly, sync
 
 #: The files and folders that make a directory a run directory.
 RUN_MARKERS = ("summary.json", "metrics.jsonl", "config.yaml", "checkpoint", "comparison.md")
@@ -93,16 +94,20 @@ def _new_file(stem: Path, suffix: str = "") -> Path:
 
 
 def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
-    """``write(tmp)`` into a temporary file beside ``path``, then rename it onto ``path`` (which
-    gets the mode of a file written in place: the umask holds)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _new_file(path.with_name(f".{path.name}"), path.suffix)
+    """``write(tmp)`` into a temporary file beside ``path``, fsync it, then rename it onto ``path``
+    (which gets the mode of a file written in place: the umask holds). On failure the temporary
+    file is removed and a full disk is a :class:`~task.files.WriteFailed` naming ``path``."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = _new_file(path.with_name(f".{path.name}"), path.suffix)
+    except OSError as err:
+        fail_cleanly(err, path)
     try:
         write(tmp)
+        sync(tmp)
         os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    except BaseException as err:
+        fail_cleanly(err, path, tmp)
 
 
 def write_text_atomic(path: Path, text: str) -> None:

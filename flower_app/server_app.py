@@ -19,6 +19,7 @@ from flower_app.config import pick_device, validate_with_data, variants_from_run
 from flower_app.experiment import Experiment, output_dir
 from strategies.checks import require
 from task.errors import ConfigError
+from task.files import WriteFailed
 
 app = ServerApp()
 
@@ -126,3 +127,6 @@ def main(grid: Grid, context: Context) -> None:
     except ConfigError as err:  # one line, not a traceback: the message names the key and the fix
         log(ERROR, "[flrep] configuration error: %s", err)
         raise SystemExit(2) from None
+    except WriteFailed as err:  # a full disk: the run said where (and how to continue); no traceback
+        log(ERROR, "[flrep] run failed: %s", err)
+        raise SystemExit(1) from None

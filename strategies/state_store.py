@@ -23,6 +23,7 @@ from flwr.app import ArrayRecord, ConfigRecord
 from flwr.common.logger import log
 
 from strategies.common import ClientRuntime
+from task.files import save_torch_atomic
 
 
 #: Set (to 1) by ``flrep run`` for the nodes of its simulation, which share the server's disk.
@@ -74,17 +75,8 @@ def keep_arrays(rt: ClientRuntime, name: str, tensors: dict[str, torch.Tensor]) 
         rt.state[key] = ArrayRecord({k: t.detach().cpu() for k, t in tensors.items()})
         return
     path = node_file(rt, name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_atomic({k: t.detach().cpu() for k, t in tensors.items()}, path)
+    save_torch_atomic({k: t.detach().cpu() for k, t in tensors.items()}, path)
     rt.state[key] = ConfigRecord({"path": str(path)})
-
-
-def save_atomic(obj: object, path: Path) -> None:
-    """``torch.save`` to a new file that replaces ``path`` (readers, and hard links to the
-    old file, never see a half-written one)."""
-    tmp = path.with_suffix(".tmp")
-    torch.save(obj, tmp)
-    tmp.replace(path)
 
 
 def kept_arrays(rt: ClientRuntime, name: str) -> dict[str, torch.Tensor] | None:
