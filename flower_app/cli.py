@@ -7,7 +7,6 @@ import argparse
 import json
 import os
 import shlex
-import signal
 import sys
 import time
 import traceback
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from flower_app.data_command import add_data_parser
+from flower_app.stop_signals import Stopped, stopping_on_signals
 from task.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -151,11 +151,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     try:
         run_blocking(args.experiment, overrides, int(cfg.data.num_clients),
                      float(cfg.simulation.client_cpus), float(cfg.simulation.client_gpus))
-    except (KeyboardInterrupt, SystemExit) as err:  # the simulation's threads would keep the process alive
-        if isinstance(err, KeyboardInterrupt) or err.code == signal.SIGTERM:  # Ctrl-C, SIGTERM via Ray's handler
-            print(f"flrep: run interrupted ({type(err).__name__}); continue it from its last checkpoint with:\n"
-                  f"  {resume_command(args, out)}", file=sys.stderr)
-            exit_interrupted(130)
+    except Stopped as stop:  # the engine is down; the ServerApp's thread would keep the process alive
+        print(f"flrep: run in {out} {stop}; continue it from its last checkpoint with:\n"
+              f"  {resume_command(args, out)}", file=sys.stderr)
+        exit_interrupted(stop.exit_code)
+    except SystemExit as err:
         print(f"flrep: run failed: the simulation exited with code {err.code}", file=sys.stderr)
         exit_interrupted(1)
     except BaseException as err:  # noqa: BLE001 - report any failure as a non-zero exit
@@ -172,7 +172,7 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
     if not _quick_check(args):
         return 2
     from flower_app.certs import load_deployment_keys
-    from flower_app.deployment import LocalDeployment, Stopped
+    from flower_app.deployment import LocalDeployment
 
     def check_inputs(cfg) -> None:  # before anything is written (or moved aside with --force)
         if args.node_data:  # each SuperNode i reads <node-data>/node-<i>
@@ -212,10 +212,10 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"flrep: configuration error: {err}", file=sys.stderr)
         return 2
-    except Stopped as err:
-        print(f"flrep: deployment {err}: the SuperLink, SuperNodes and run it started were stopped; continue "
+    except Stopped as stop:
+        print(f"flrep: deployment {stop}: the SuperLink, SuperNodes and run it started were stopped; continue "
               f"it with:\n  {resume_command(args, out)}", file=sys.stderr)
-        return 128 + err.signum
+        return stop.exit_code
     except BaseException as err:  # noqa: BLE001 - report any failure as a non-zero exit
         traceback.print_exc()
         print(f"flrep: deployment failed: {type(err).__name__}: {err}", file=sys.stderr)
@@ -391,15 +391,17 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         from flower_app.reproduce import AppChanged, reproduce
 
         out = Path(args.out).expanduser().resolve()
+        again = ["reproduce", args.table, "--scale", args.scale, "--seeds", *map(str, args.seeds), "--out", str(out),
+                 *(["--only", *args.only] if args.only else []), *(["--set", *args.set] if args.set else [])]
         try:
             return reproduce(load_table(args.table), args.scale, list(args.seeds), args.only, out, args.set or [])
         except AppChanged as changed:
-            again = [sys.executable, "-m", "flower_app.cli", "reproduce", args.table, "--scale", args.scale,
-                     "--seeds", *map(str, args.seeds), "--out", str(out),
-                     *(["--only", *args.only] if args.only else []), *(["--set", *args.set] if args.set else [])]
             print(f"[reproduce] {changed}; starting the same command again with the new app", flush=True)
             sys.stderr.flush()
-            os.execv(sys.executable, again)
+            os.execv(sys.executable, [sys.executable, "-m", "flower_app.cli", *again])
+        except Stopped as stop:
+            print(f"[reproduce] continue it with:\n  {shlex.join(['flrep', *again])}", file=sys.stderr)
+            return stop.exit_code
     except ConfigError as err:
         print(f"flrep: configuration error: {err}", file=sys.stderr)
         return 2
@@ -558,6 +560,17 @@ def _current_directory_importable() -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join([*paths, cwd])
 
 
+def _stoppable(args: argparse.Namespace) -> int:
+    """The command, ended by a stop signal it does not handle itself with one line and 128 + the
+    signal's number (no traceback)."""
+    with stopping_on_signals():
+        try:
+            return args.func(args)
+        except Stopped as stop:
+            print(f"flrep: {args.command} {stop}", file=sys.stderr)
+            return stop.exit_code
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     _current_directory_importable()
@@ -576,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.command in ("run", "deploy"):
         os.environ["FLREP_VERBOSE"] = "1" if args.verbose else "0"  # console.VERBOSE_ENV, read by the ServerApp
-    return args.func(args)
+    return _stoppable(args)
 
 
 if __name__ == "__main__":

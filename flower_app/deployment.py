@@ -1,9 +1,10 @@
 """A real Flower deployment on this machine: one ``flower-superlink``, N ``flower-supernode``
 processes on loopback, an experiment submitted with ``flwr run``, then a clean shutdown of
-exactly the processes it started (each in its own process group). The shutdown also happens
-when ``flrep`` gets SIGTERM, SIGINT or SIGHUP, or when its parent dies; and on Linux every
-started process gets SIGTERM if ``flrep`` itself is killed. ``<work>/processes.json`` lists the
-PIDs of what it started.
+exactly the processes it started (each in its own process group, so that a signal to
+``flrep``'s group reaches ``flrep`` alone). The shutdown also happens when ``flrep`` gets SIGTERM,
+SIGINT or SIGHUP (:class:`flower_app.stop_signals.Stopped`), or when its parent dies; and on Linux
+every started process gets SIGTERM if ``flrep`` itself is killed. ``<work>/processes.json`` lists
+the PIDs of what it started.
 
 Insecure by default; with the keys of :func:`flower_app.certs.make_deployment_keys` the
 SuperLink serves TLS with SuperNode authentication and every SuperNode's public key is
@@ -29,6 +30,7 @@ from pathlib import Path
 from flower_app.certs import DeploymentKeys
 from flower_app.config import PROJECT_DIR as APP_DIR
 from flower_app.run_dir import write_atomic
+from flower_app.stop_signals import stopping_on_signals
 from strategies.state_store import SIMULATION_ENV
 from task.errors import ConfigError
 
@@ -100,21 +102,6 @@ def check_files(**paths: Path | None) -> None:
             raise ConfigError(f"{option.replace('_', '-')}: {path} does not exist")
 
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # SIGINT already raises KeyboardInterrupt
-
-
-class Stopped(BaseException):
-    """A signal (or the death of ``flrep``'s parent) asked the deployment to stop."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(f"stopped by {signal.Signals(signum).name}")
-        self.signum = signum
-
-
-def _raise_stopped(signum: int, frame) -> None:
-    raise Stopped(signum)
-
-
 def _watch_parent(parent: int, stop: threading.Event) -> None:
     """SIGTERM to this process when its parent dies (it is re-parented), so the deployment stops."""
     while not stop.wait(1.0):
@@ -152,10 +139,10 @@ class LocalDeployment:
         self._write_connection()
 
     def __enter__(self) -> LocalDeployment:
-        self._old_handlers: dict[int, object] = {}
+        self._signals = stopping_on_signals()  # a stop signal raises Stopped here, and __exit__ stops the rest
+        self._signals.__enter__()
         self._watching = threading.Event()
         if threading.current_thread() is threading.main_thread():
-            self._old_handlers = {sig: signal.signal(sig, _raise_stopped) for sig in STOP_SIGNALS}
             threading.Thread(target=_watch_parent, args=(os.getppid(), self._watching), daemon=True).start()
         return self
 
@@ -164,8 +151,7 @@ class LocalDeployment:
             self.stop()
         finally:
             self._watching.set()
-            for sig, handler in self._old_handlers.items():
-                signal.signal(sig, handler)
+            self._signals.__exit__(None, None, None)
 
     def _env(self) -> dict[str, str]:
         """Flower's processes start more of its commands: they must find this environment's."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from flower_app.reply_check import reply_problem
+from flower_app.stop_signals import stop_requested
 from flower_app.timing import PhaseTimer
 from strategies.common import CONFIG, METRICS
 from strategies.services import TemplateFn
@@ -198,6 +200,8 @@ def exchange(grid: Grid, messages: list[Message], traffic: Traffic, fed: Federat
     error reply, no reply within ``timeout`` seconds, or a rejected reply."""
     traffic.sent(messages, phase)
     replies = list(grid.send_and_receive(messages, timeout=timeout))
+    if stop_requested():  # this process is ending: the replies may be failures the stop caused, never record them
+        threading.Event().wait()
     traffic.received(replies, phase)
     if timer is not None:
         timer.take_client_times(replies, phase)

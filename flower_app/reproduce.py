@@ -14,7 +14,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import signal
 import statistics
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from pathlib import Path
 
 from flower_app import checkpoint, run_dir
 from flower_app.run_dir import read_summary, write_atomic
+from flower_app.stop_signals import Stopped, stopping_on_signals
 from flower_app.tables import Cell, Table
 from task.errors import ConfigError
 
@@ -135,7 +135,8 @@ def command(table: Table, scale: str, job: Job, folder: Path, settings: list[str
 def reproduce(table: Table, scale: str, seeds: list[int], only: list[str] | None, out: Path,
               settings: list[str] = ()) -> int:
     """Run the table's missing runs and write its report; the exit code (1 if a run failed).
-    ``settings``: machine-only overrides (``--set``) added to every run."""
+    ``settings``: machine-only overrides (``--set``) added to every run. A stop signal during a
+    run records it as interrupted, then :class:`Stopped` goes on."""
     from flower_app.bench_round import commit, machine
 
     jobs = plan(table, seeds, only)
@@ -180,12 +181,12 @@ def reproduce(table: Table, scale: str, seeds: list[int], only: list[str] | None
             log.flush()
             try:
                 code = run_child(cmd, log)
-            except KeyboardInterrupt:
+            except Stopped as stop:
                 manifest["runs"][job.key] = {"status": "interrupted", "wall_s": round(time.monotonic() - t0, 1), **part}
                 _save_manifest(out, manifest)
-                print(f"[reproduce] interrupted during {job.key}; run the same command to continue", file=sys.stderr)
+                print(f"[reproduce] interrupted by {stop.name} during {job.key}", file=sys.stderr)
                 write_report(table, scale, out, manifest)
-                return 130
+                raise
         seconds = time.monotonic() - t0
         spent += seconds
         estimated_done += job.cell.minutes.get(scale, 0)
@@ -224,27 +225,23 @@ def earlier_parts(record: dict | None) -> list[dict]:
 
 
 def run_child(cmd: list[str], log) -> int:
-    """Run ``cmd`` (output to ``log``) and return its exit code. Ctrl-C or SIGTERM to this process
-    stops the child too: it is sent SIGTERM (``flrep run`` then stops its engine and workers) and
-    waited for, killed only if it has not stopped within a minute; then the interruption goes on."""
-    def interrupted(signum, frame):  # SIGTERM is handled like Ctrl-C
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupted)
-    child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        return child.wait()
-    except KeyboardInterrupt:
-        if child.poll() is None:
-            child.terminate()
-            try:
-                child.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
-        raise
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    """Run ``cmd`` (output to ``log``) and return its exit code. A stop signal to this process
+    (:mod:`flower_app.stop_signals`) is passed on to the child (``flrep run`` then stops its engine
+    and workers), which is waited for, killed only if it has not stopped within a minute; then
+    :class:`Stopped` goes on."""
+    with stopping_on_signals():
+        child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            return child.wait()
+        except Stopped as stop:
+            if child.poll() is None:
+                child.send_signal(stop.signum)
+                try:
+                    child.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+                    child.wait()
+            raise
 
 
 def _save_manifest(out: Path, manifest: dict) -> None:

@@ -6,10 +6,17 @@ ServerApp/ClientApp components (read from ``[tool.flwr.app.components]``) in Flo
 simulation runtime inside this process, waits for the end and raises when the run failed.
 It uses the runtime entry point that ``flwr-simulation`` itself calls, so a Flower
 upgrade must be checked against it (flwr is pinned in pyproject.toml).
+
+Ray is started here, before Flower's backend would start it, so that its processes live in
+process groups of their own and this process catches the stop signals after Ray installed its
+handlers: a signal to flrep's group (Ctrl-C, ``timeout``, a scheduler) reaches flrep alone, which
+stops the engine in order (see :mod:`flower_app.stop_signals`).
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 import shlex
 import sys
@@ -21,6 +28,7 @@ from omegaconf import DictConfig
 
 from flower_app.config import PROJECT_DIR as APP_DIR
 from flower_app.console import verbose_chosen
+from flower_app.stop_signals import catch, stopping_on_signals
 from strategies.state_store import SIMULATION_ENV
 from task.errors import ConfigError
 
@@ -63,17 +71,43 @@ def run_blocking(experiment: str, overrides: list[str], num_supernodes: int, cli
         # their failures come back in their replies and are logged here
         "init_args": {"logging_level": "ERROR", "log_to_driver": verbose_chosen()},
     }
-    _run_simulation(
-        num_supernodes=num_supernodes,
-        exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
-        server_app_attr=components["serverapp"],
-        client_app_attr=components["clientapp"],
-        backend_config=backend_config,
-        app_dir=str(APP_DIR),
-        run=run,
-        server_app_context=context,
-        is_app=True,
-    )
+    with stopping_on_signals():
+        _start_ray(backend_config["init_args"])
+        catch(on_stop=_quiet_engine)  # after Ray's SIGTERM handlers (a C++ stack dump, then exit 1 or 15)
+        _run_simulation(
+            num_supernodes=num_supernodes,
+            exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
+            server_app_attr=components["serverapp"],
+            client_app_attr=components["clientapp"],
+            backend_config=backend_config,
+            app_dir=str(APP_DIR),
+            run=run,
+            server_app_context=context,
+            is_app=True,
+        )
+
+
+def _start_ray(init_args: dict[str, object]) -> None:
+    """Start Ray as Flower's backend would (which then uses it), each process Ray starts (GCS,
+    raylet, agents; the raylet's workers join the raylet's) in a process group of its own."""
+    import ray
+    from ray._private import services
+
+    if ray.is_initialized():
+        return
+    pythonpath = os.pathsep.join([*sys.path, *filter(None, [os.environ.get("PYTHONPATH")])])
+    os.environ["PYTHONPATH"] = pythonpath  # as Flower does: Ray's processes import what this one can
+    popen = services.ConsolePopen
+    services.ConsolePopen = functools.partial(popen, process_group=0)
+    try:
+        ray.init(runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}, include_dashboard=False, **init_args)
+    finally:
+        services.ConsolePopen = popen
+
+
+def _quiet_engine() -> None:
+    """Once stopped, the engine's threads would log each ClientApp the stop ends as an error."""
+    logging.getLogger("flwr").disabled = True
 
 
 def check_resources(sim: DictConfig) -> None:

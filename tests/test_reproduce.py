@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from flower_app import checkpoint, tables
 from flower_app.cli import main as flrep
 from flower_app.reproduce import Job, check, command, plan, reproduce, run_folder, write_report
+from flower_app.stop_signals import Stopped
 from flower_app.tables import SCALES, load_table, table_names
 from task.errors import ConfigError
 
@@ -360,7 +362,7 @@ def test_a_run_resumed_on_another_machine_records_both_parts(tiny, tmp_path, mon
     def stopped(cmd, log):  # the run checkpoints, then SIGTERM reaches reproduce
         checkpoint.checkpoint_dir(folder).mkdir(parents=True)
         (checkpoint.checkpoint_dir(folder) / checkpoint.SERVER_FILE).write_bytes(b"x")
-        raise KeyboardInterrupt
+        raise Stopped(signal.SIGTERM)
 
     def finished(cmd, log):
         assert cmd[-1] == f"resume={folder}"
@@ -370,7 +372,8 @@ def test_a_run_resumed_on_another_machine_records_both_parts(tiny, tmp_path, mon
 
     monkeypatch.setattr(bench_round, "machine", lambda: gpu)
     monkeypatch.setattr(rep, "run_child", stopped)
-    assert reproduce(load_table("tiny"), "cpu", [0], ["a"], tmp_path) == 130
+    with pytest.raises(Stopped):
+        reproduce(load_table("tiny"), "cpu", [0], ["a"], tmp_path)
     record = json.loads((tmp_path / "reproduce.json").read_text())["runs"]["a/seed0"]
     assert record["status"] == "interrupted" and record["machine"] == gpu and record["wall_s"] >= 0
     assert "Runs: 0 recorded" in (tmp_path / "table.md").read_text()  # an unfinished run is not counted
@@ -445,7 +448,7 @@ def test_git_keeps_the_summary_and_config_of_each_reproduction_run_and_nothing_e
 
 def test_sigterm_stops_the_running_cell_and_leaves_no_process(tmp_path):
     """SIGTERM to ``flrep reproduce`` stops its ``flrep run`` child (and that child's engine) and
-    exits 130; the same command later starts the cell again."""
+    exits 143; the same command later starts the cell again."""
     import signal
     import subprocess
     import sys
@@ -463,7 +466,7 @@ def test_sigterm_stops_the_running_cell_and_leaves_no_process(tmp_path):
     descendants = parent.children(recursive=True)
     assert len(descendants) >= 3, "the cell's flrep run never started its engine"
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=120) == 130
-    assert "interrupted during lg_iid/seed0" in proc.stderr.read()
+    assert proc.wait(timeout=120) == 143
+    assert "interrupted by SIGTERM during lg_iid/seed0" in proc.stderr.read()
     _, alive = psutil.wait_procs(descendants, timeout=30)
     assert not alive, [p.cmdline() for p in alive]

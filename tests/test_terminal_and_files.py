@@ -68,15 +68,16 @@ def test_a_quiet_run_on_a_terminal_shows_no_ray_line_and_round_lines_fit_100_col
 
 @pytest.mark.parametrize("verbose", ["0", "1"])
 def test_the_clientapps_output_reaches_flrep_only_with_verbose(verbose, monkeypatch):
+    from flower_app import simulation
     from flower_app.console import VERBOSE_ENV
-    from flower_app.simulation import run_blocking
 
     engine = importlib.import_module("flwr.simulation.run_simulation")  # the module, not its function
     started = {}
     monkeypatch.setenv(VERBOSE_ENV, verbose)
-    monkeypatch.setattr(engine, "_run_simulation", lambda **kwargs: started.update(kwargs))
-    run_blocking("quickstart", ["rounds=1"], 2, 1.0, 0.0)
-    assert started["backend_config"]["init_args"]["log_to_driver"] is (verbose == "1")
+    monkeypatch.setattr(simulation, "_start_ray", started.update)  # run_blocking starts Ray with these arguments
+    monkeypatch.setattr(engine, "_run_simulation", lambda **kwargs: None)
+    simulation.run_blocking("quickstart", ["rounds=1"], 2, 1.0, 0.0)
+    assert started["log_to_driver"] is (verbose == "1")
 
 
 def test_a_terminal_round_line_fits_100_columns_with_flowers_prefix():
