@@ -63,7 +63,7 @@ def _prepare(args: argparse.Namespace, extra: list[str] = (), default_out: Path 
     """Overrides (the output directory fixed in them), the first variant and the output
     directory, after every check that needs no federation, ``check`` (the command's own)
     included: nothing is written before they pass. None after printing a configuration error."""
-    from flower_app import checkpoint, run_dir
+    from flower_app import checkpoint, run_dir, run_lock
     from flower_app.config import load_variants
     from flower_app.experiment import output_dir
     from flower_app.server_app import preflight
@@ -78,9 +78,6 @@ def _prepare(args: argparse.Namespace, extra: list[str] = (), default_out: Path 
         overrides.append(f"out_dir={Path(args.out).expanduser().resolve()}")
     try:
         variants = load_variants(args.experiment, overrides)
-        if variants[0].resume and not checkpoint.resumable(output_dir(variants[0])):
-            overrides = _start_fresh_without_checkpoint(overrides, output_dir(variants[0]))
-            variants = load_variants(args.experiment, overrides)
         if not variants[0].resume and not variants[0].out_dir:  # fix the folder, so the outcome can be checked
             where = default_out.resolve() if default_out is not None else output_dir(variants[0])
             overrides.append(f"out_dir={where}")
@@ -88,6 +85,10 @@ def _prepare(args: argparse.Namespace, extra: list[str] = (), default_out: Path 
         if check is not None:
             check(variants[0])
         run_dir.check_writable(output_dir(variants[0]))  # before the data: out_dir= and the default folder too
+        run_lock.acquire(output_dir(variants[0]))  # before the first write: one command per folder
+        if variants[0].resume and not checkpoint.resumable(output_dir(variants[0])):
+            overrides = _start_fresh_without_checkpoint(overrides, output_dir(variants[0]))
+            variants = load_variants(args.experiment, overrides)
         say(f"configuration checked: {args.experiment}, {len(variants)} variant(s)", since)
         loaded = time.time()
         fed = build_federated_data(variants[0].data, int(variants[0].seed))
@@ -589,7 +590,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.command in ("run", "deploy"):
         os.environ["FLREP_VERBOSE"] = "1" if args.verbose else "0"  # console.VERBOSE_ENV, read by the ServerApp
-    return _stoppable(args)
+    from flower_app.run_lock import owned
+
+    with owned():  # the folders the command locked are given up when it ends
+        return _stoppable(args)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from flower_app import checkpoint, run_dir
+from flower_app import checkpoint, run_dir, run_lock
 from flower_app.run_dir import read_summary, write_atomic
 from flower_app.stop_signals import Stopped, stopping_on_signals
 from flower_app.tables import Cell, Table
@@ -137,11 +137,16 @@ def reproduce(table: Table, scale: str, seeds: list[int], only: list[str] | None
     """Run the table's missing runs and write its report; the exit code (1 if a run failed).
     ``settings``: machine-only overrides (``--set``) added to every run. A stop signal during a
     run records it as interrupted, then :class:`Stopped` goes on."""
-    from flower_app.bench_round import commit, machine
-
     jobs = plan(table, seeds, only)
     check(table, scale, jobs, out, settings)
-    out.mkdir(parents=True, exist_ok=True)
+    with run_lock.hold(out):  # one command per table folder (each run locks its own folder)
+        return _run_jobs(table, scale, jobs, out, settings)
+
+
+def _run_jobs(table: Table, scale: str, jobs: list[Job], out: Path, settings: list[str]) -> int:
+    """:func:`reproduce` once its checks passed and it owns ``out``."""
+    from flower_app.bench_round import commit, machine
+
     manifest = load_manifest(out) or {"table": table.name, "scale": scale, "runs": {}}
     here = {"machine": machine()}
     for job in jobs:  # a run made with other settings, or by an older revision of the table, is kept aside

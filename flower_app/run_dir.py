@@ -15,6 +15,7 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
+from flower_app import run_lock
 from task.errors import ConfigError
 from task.files import fail_cleanly, sync
 
@@ -60,7 +61,7 @@ def claim(out: Path) -> None:
 
 def move_aside(out: Path) -> Path | None:
     """Rename the run in ``out`` to ``<out>.old-<timestamp>`` (never deletes); the new path, or None
-    when ``out`` holds no run."""
+    when ``out`` holds no run. A command that owns ``out`` (:mod:`flower_app.run_lock`) keeps it."""
     if not run_files(out):
         return None
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -70,6 +71,7 @@ def move_aside(out: Path) -> Path | None:
         target = out.with_name(f"{out.name}.old-{stamp}-{n}")
         n += 1
     out.rename(target)
+    run_lock.moved(out, target)
     return target
 
 

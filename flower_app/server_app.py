@@ -13,7 +13,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 from omegaconf import DictConfig
 
-from flower_app import checkpoint, console, run_dir
+from flower_app import checkpoint, console, run_dir, run_lock
 from flower_app.comparison import comparison_table, write_comparison
 from flower_app.config import pick_device, validate_with_data, variants_from_run_config
 from flower_app.experiment import Experiment, output_dir
@@ -82,23 +82,25 @@ def run_variants(grid: Grid, variants: tuple[DictConfig, ...]) -> dict:
     base = output_dir(variants[0])
     summaries, records = {}, {}
     for cfg in variants:
-        cfg = cfg.copy()
-        cfg.out_dir = str(base / cfg.label)
-        if cfg.resume:  # each variant resumes from its own folder: done, checkpointed, or not started
-            done = _completed_variant(base / cfg.label)
-            if done is not None:
-                log(INFO, "[flrep] %s completed before the interruption: kept", cfg.label)
-                summaries[cfg.label], records[cfg.label] = done
-                continue
-            has_checkpoint = (checkpoint.checkpoint_dir(base / cfg.label) / checkpoint.SERVER_FILE).is_file()
-            cfg.resume = str(base / cfg.label) if has_checkpoint else None
-            if not has_checkpoint:  # started but never checkpointed: kept aside, started again
-                moved = run_dir.move_aside(base / cfg.label)
-                if moved is not None:
-                    log(INFO, "[flrep] %s had no checkpoint: its files moved to %s, starting it again", cfg.label, moved)
-        experiment = Experiment(grid, cfg)
-        summaries[cfg.label] = experiment.run()
-        records[cfg.label] = experiment.recorder.records
+        with run_lock.hold(base / cfg.label):  # a variant's folder has one owner too
+            cfg = cfg.copy()
+            cfg.out_dir = str(base / cfg.label)
+            if cfg.resume:  # each variant resumes from its own folder: done, checkpointed, or not started
+                done = _completed_variant(base / cfg.label)
+                if done is not None:
+                    log(INFO, "[flrep] %s completed before the interruption: kept", cfg.label)
+                    summaries[cfg.label], records[cfg.label] = done
+                    continue
+                has_checkpoint = (checkpoint.checkpoint_dir(base / cfg.label) / checkpoint.SERVER_FILE).is_file()
+                cfg.resume = str(base / cfg.label) if has_checkpoint else None
+                if not has_checkpoint:  # started but never checkpointed: kept aside, started again
+                    moved = run_dir.move_aside(base / cfg.label)
+                    if moved is not None:
+                        log(INFO, "[flrep] %s had no checkpoint: its files moved to %s, starting it again",
+                            cfg.label, moved)
+            experiment = Experiment(grid, cfg)
+            summaries[cfg.label] = experiment.run()
+            records[cfg.label] = experiment.recorder.records
     summary = write_comparison(base, summaries, records, f"{variants[0].experiment}: {' vs '.join(summaries)}")
     log(INFO, "[flrep] comparison (%s)\n%s", base / "comparison.md", comparison_table(summaries))
     log(INFO, "[flrep] outputs: %s", base)

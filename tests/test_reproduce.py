@@ -405,6 +405,49 @@ def test_reproduce_runs_each_cell_and_seed_once_and_resumes(tiny, tmp_path, caps
     assert "| A | accuracy |" in md and " | 2 | 50.00 |" in md and "| B | accuracy | not run | 0 |" in md
 
 
+#: ``flrep reproduce tiny`` in another process, its one run waiting for the file ``argv[3]``.
+OWNER = """
+import sys, time
+from pathlib import Path
+from flower_app import reproduce, tables
+from flower_app.cli import main
+tables.TABLES_DIR = Path(sys.argv[1])
+def run_child(cmd, log):
+    print("running", flush=True)
+    while not Path(sys.argv[3]).exists():
+        time.sleep(0.1)
+    return 1
+reproduce.run_child = run_child
+sys.exit(main(["reproduce", "tiny", "--only", "a", "--seeds", "0", "--out", sys.argv[2]]))
+"""
+
+
+def test_a_second_reproduce_on_one_table_folder_exits_2_at_once_naming_the_first(tiny, tmp_path, capsys,
+                                                                                 monkeypatch):
+    import subprocess
+    import sys
+    import time
+
+    from flower_app import reproduce as rep
+
+    out, go = tmp_path / "out", tmp_path / "go"
+    first = subprocess.Popen([sys.executable, "-c", OWNER, str(tiny), str(out), str(go)], stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert "running\n" in iter(first.stdout.readline, "")  # it owns the folder and runs a cell
+        manifest = (out / "reproduce.json").read_bytes()
+        monkeypatch.setattr(rep, "run_child", lambda cmd, log: pytest.fail("a second command ran a cell"))
+        start = time.monotonic()
+        assert flrep(["reproduce", "tiny", "--only", "a", "--seeds", "0", "--out", str(out)]) == 2
+        assert f"{out} is in use by another flrep command (PID {first.pid})" in capsys.readouterr().err
+        assert time.monotonic() - start < 30 and (out / "reproduce.json").read_bytes() == manifest
+    finally:
+        go.touch()
+        first.wait(timeout=120)
+    assert first.returncode == 1  # its fake run failed; the folder is free again
+    assert not (out / ".flrep.lock").exists()
+
+
 def test_a_fresh_clone_continues_a_table_from_the_runs_git_keeps(tiny, tmp_path, capsys):
     """Of a committed table folder git keeps each run's summary.json and config.yaml only; a fresh
     clone runs none of those cells again and rebuilds the table from them and its new runs."""
