@@ -134,7 +134,8 @@ def install(wheels: Path | None) -> str:
 
 
 def run_step(step: Step, out: Path, env: dict, log, timeout: float) -> None:
-    """Run one step's command in ``out`` (output to ``log``), stopping it at ``timeout`` seconds."""
+    """Run one step's command (output to ``log``), stop it at ``timeout`` seconds, and read its figure
+    from its JSON in ``out``; on failure, print the end of its output."""
     log.write(f"\n$ {' '.join(step.command)}\n")
     log.flush()
     start = log.tell()
