@@ -47,8 +47,10 @@ def _quick_check(args: argparse.Namespace) -> bool:
     """The mistakes that need no heavy import, found in the command's first second (printed)."""
     from flower_app import run_dir
     from flower_app.precheck import quick_check
+    from flower_app.resume_check import check_target
 
     try:
+        check_target(args.overrides, args.out)
         if args.out:  # before the data check, which may download
             run_dir.check_writable(Path(args.out).expanduser().resolve(), "--out")
         quick_check(args.experiment, list(args.overrides))
@@ -62,11 +64,13 @@ def _prepare(args: argparse.Namespace, extra: list[str] = (), default_out: Path 
              check: Callable[[DictConfig], None] | None = None):
     """Overrides (the output directory fixed in them), the first variant and the output
     directory, after every check that needs no federation, ``check`` (the command's own)
-    included: nothing is written before they pass. None after printing a configuration error."""
+    included: nothing is written before they pass. Else the exit code: 2 after printing a
+    configuration error, 0 for a ``resume=`` of a run that completed (nothing is written)."""
     from flower_app import checkpoint, run_dir, run_lock
     from flower_app.config import load_variants
     from flower_app.experiment import output_dir
-    from flower_app.server_app import preflight
+    from flower_app.resume_check import completed
+    from flower_app.server_app import check_resume, preflight
 
     from flower_app.console import configure, say
     from task.data.federated_data import build_federated_data
@@ -78,6 +82,10 @@ def _prepare(args: argparse.Namespace, extra: list[str] = (), default_out: Path 
         overrides.append(f"out_dir={Path(args.out).expanduser().resolve()}")
     try:
         variants = load_variants(args.experiment, overrides)
+        if variants[0].resume and completed(output_dir(variants[0])):
+            check_resume(variants)  # a resume with another configuration is refused, as always
+            print(f"flrep: the run in {output_dir(variants[0])} already completed; nothing to resume")
+            return 0
         if not variants[0].resume and not variants[0].out_dir:  # fix the folder, so the outcome can be checked
             where = default_out.resolve() if default_out is not None else output_dir(variants[0])
             overrides.append(f"out_dir={where}")
@@ -97,7 +105,7 @@ def _prepare(args: argparse.Namespace, extra: list[str] = (), default_out: Path 
         moved = preflight(variants, force=bool(getattr(args, "force", False)))
     except ConfigError as err:
         print(f"flrep: configuration error: {err}", file=sys.stderr)
-        return None
+        return 2
     out = output_dir(variants[0])
     if moved is not None:
         print(f"flrep: --force: the earlier run in {out} was moved to {moved}", file=sys.stderr)
@@ -142,8 +150,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from flower_app.simulation import check_resources, exit_interrupted, run_blocking
 
     prepared = _prepare(args, check=lambda cfg: check_resources(cfg.simulation))
-    if prepared is None:
-        return 2
+    if isinstance(prepared, int):
+        return prepared
     overrides, cfg, out = prepared
     before = _summary_stamp(out)
     os.environ[COMMAND_START_ENV] = str(command_start())  # the run counts the engine's start as start-up
@@ -187,8 +195,8 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
 
     prepared = _prepare(args, [f"data.num_clients={args.nodes}"], Path("outputs") / f"{args.experiment}-deploy",
                         check=check_inputs)
-    if prepared is None:
-        return 2
+    if isinstance(prepared, int):
+        return prepared
     overrides, cfg, out = prepared
     if cfg.data.root is not None:  # the SuperLink runs the app from its own copy: paths must be absolute
         overrides.append(f"data.root={cfg.data.root}")

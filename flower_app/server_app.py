@@ -39,15 +39,23 @@ def preflight(variants: tuple[DictConfig, ...], force: bool = False) -> Path | N
             run_dir.check_writable(base)
             moved = run_dir.move_aside(base)
         run_dir.claim(base)
-    elif len(variants) == 1:
-        checkpoint.load(base, variants[0])
     else:
-        require(bool(run_dir.run_files(base)), "resume", f"{str(base)!r} holds no run to continue")
-        for cfg in variants:
-            folder = base / cfg.label
-            if (checkpoint.checkpoint_dir(folder) / checkpoint.SERVER_FILE).is_file():
-                checkpoint.load(folder, cfg)
+        check_resume(variants)
     return moved
+
+
+def check_resume(variants: tuple[DictConfig, ...]) -> None:
+    """``resume=`` continues a run of the same configuration: a readable checkpoint of it (each
+    checkpointed variant's, in a comparison)."""
+    base = output_dir(variants[0])
+    if len(variants) == 1:
+        checkpoint.load(base, variants[0])
+        return
+    require(bool(run_dir.run_files(base)), "resume", f"{str(base)!r} holds no run to continue")
+    for cfg in variants:
+        folder = base / cfg.label
+        if (checkpoint.checkpoint_dir(folder) / checkpoint.SERVER_FILE).is_file():
+            checkpoint.load(folder, cfg)
 
 
 #: Seconds a simulation's SuperNode count must stay unchanged below the run's size to be final.

@@ -81,6 +81,35 @@ def test_resume_without_a_checkpoint_says_so_and_starts_fresh_moving_started_fil
     assert f"moved to {moved}" in err and tree(moved) == before  # nothing deleted
 
 
+def test_resume_of_a_folder_that_does_not_exist_is_refused_naming_it(tmp_path, capsys):
+    typo = tmp_path / "rnu"
+    code, err = run_cli(capsys, f"resume={typo}")
+    assert code == 2 and f"nothing to resume at {typo}" in err and not typo.exists()
+
+
+def test_resume_with_another_out_names_both_folders(finished, tmp_path, capsys):
+    before = tree(finished)
+    code, err = run_cli(capsys, f"resume={finished}", "--out", str(tmp_path / "elsewhere"))
+    assert code == 2 and f"resume={finished}" in err and f"--out {tmp_path / 'elsewhere'}" in err
+    assert tree(finished) == before and not (tmp_path / "elsewhere").exists()
+
+
+def test_resume_of_a_completed_run_exits_0_at_once_and_rewrites_nothing(finished):
+    import subprocess
+    import sys
+
+    stamps = {str(p): p.stat().st_mtime_ns for p in [finished, *finished.rglob("*")]}
+    before = tree(finished)
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "flower_app.cli", "run", "quickstart", *TINY, f"resume={finished}"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "already completed" in proc.stdout, proc.stderr[-3000:]
+    log = proc.stdout + proc.stderr  # neither its data nor an engine was started (36 s before issue 48)
+    assert "data ready" not in log and "simulation engine" not in log and time.monotonic() - start < 60
+    assert tree(finished) == before
+    assert {str(p): p.stat().st_mtime_ns for p in [finished, *finished.rglob("*")]} == stamps
+
+
 def test_overrides_may_follow_the_options():
     from flower_app.cli import parse_args
 
