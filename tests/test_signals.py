@@ -112,6 +112,9 @@ def test_one_stop_per_command_and_a_sigint_ignored_at_start_stays_ignored():
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, previous)
+        with stopping_on_signals():  # a new block clears the stop: later tests' exchanges in this process go on
+            pass
+    assert not stop_requested()
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
