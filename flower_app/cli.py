@@ -1,5 +1,6 @@
-"""The ``flrep`` command: blocking runs, experiment listing, the LG-FedAvg synthetic analysis, the
-LocalUpdate Pareto frontiers and the engine and TCT benchmarks."""
+"""The ``flrep`` command: blocking runs, deployments and the benchmarks' entry points; the
+other subcommands are :mod:`flower_app.tool_commands`, :mod:`flower_app.data_command` and
+:mod:`flower_app.reproduce_command`."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from flower_app.data_command import add_data_parser
+from flower_app.reproduce_command import add_reproduce_parser
+from flower_app.tool_commands import add_tool_parsers, positive_int
 from flower_app.stop_signals import Stopped, stopping_on_signals
 from task.errors import ConfigError
 
@@ -232,41 +235,6 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
     return _outcome(out, before)
 
 
-def _cmd_certs(args: argparse.Namespace) -> int:
-    from flower_app.certs import make_deployment_keys
-    from flower_app.run_dir import check_writable
-
-    try:
-        check_writable(Path(args.out).expanduser().resolve(), "--out")
-        keys = make_deployment_keys(Path(args.out), args.nodes, args.host, force=args.force)
-    except FileExistsError as err:
-        print(f"flrep: configuration error: {err.filename} exists: these keys may be in use; "
-              "give another --out, or --force to replace them", file=sys.stderr)
-        return 2
-    except (ConfigError, OSError) as err:
-        print(f"flrep: configuration error: {err}", file=sys.stderr)
-        return 2
-    print(f"flrep: CA {keys.ca}, SuperLink certificate {keys.server_cert} (hosts {', '.join(args.host)}), "
-          f"{len(keys.node_keys)} SuperNode key pairs node-<i>.key / node-<i>.pub in {Path(args.out).resolve()}")
-    return 0
-
-
-def _cmd_split_data(args: argparse.Namespace) -> int:
-    from flower_app.config import load_config
-    from flower_app.run_dir import check_writable
-    from task.data.node_data import write_partitions
-
-    try:
-        cfg = load_config(args.experiment, list(args.overrides))
-        check_writable(Path(args.out).expanduser().resolve(), "--out")
-        folders = write_partitions(cfg.data, int(cfg.seed), Path(args.out))
-    except (ConfigError, OSError) as err:
-        print(f"flrep: configuration error: {err}", file=sys.stderr)
-        return 2
-    print(f"flrep: {len(folders)} node data folders ({cfg.data.name} format) in {Path(args.out).resolve()}")
-    return 0
-
-
 def _device_overrides(device: str | None, overrides: list[str]) -> list[str]:
     """``--device``: ``simulation.device``; on ``cuda`` also a tenth of a GPU per ClientApp unless
     ``simulation.client_gpus`` is given (Ray shows no GPU to a ClientApp that asks for none)."""
@@ -298,147 +266,6 @@ def _cmd_bench_round(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_superlink(args: argparse.Namespace) -> int:
-    from flower_app.local_superlink import describe, local_superlinks, stop, with_descendants
-
-    links = local_superlinks()
-    if not links:
-        print("flrep: no local SuperLink of flwr run . is running for this user")
-        return 0
-    processes = [p for link in links for p in with_descendants(link)]
-    print("flrep: the local SuperLink of flwr run . and the processes it started:")
-    for proc in processes:
-        print(describe(proc))
-    if not args.stop:
-        print("flrep: stop them with: flrep superlink --stop")
-        return 0
-    ended = stop(processes)
-    left = sorted({p.pid for p in processes} - set(ended))
-    print(f"flrep: stopped {len(ended)} process(es): {' '.join(map(str, ended))}"
-          + (f"; still running: {' '.join(map(str, left))}" if left else ""))
-    return 1 if left else 0
-
-
-def _cmd_export(args: argparse.Namespace) -> int:
-    from flower_app.export import export_model
-
-    try:
-        path = export_model(Path(args.run_dir), Path(args.out) if args.out else None)
-    except ConfigError as err:
-        print(f"flrep: configuration error: {err}", file=sys.stderr)
-        return 2
-    print(f"flrep: model written to {path}")
-    return 0
-
-
-def _cmd_diagnose(args: argparse.Namespace) -> int:
-    import torch
-
-    from flower_app import diagnose
-
-    torch.set_num_threads(args.threads)
-    paths, out = [Path(p) for p in args.models], Path(args.out).expanduser().resolve()
-    try:
-        if args.analysis == "cosine":
-            results = diagnose.cosine(paths, out)
-        else:
-            if not args.clients:
-                print("flrep: configuration error: --clients EXPERIMENT [key=value ...] names the new clients' data",
-                      file=sys.stderr)
-                return 2
-            clients = diagnose.new_clients(args.clients[0], args.clients[1:], args.new_clients)
-            if args.analysis == "cka":
-                results = diagnose.cka(paths, clients, args.epochs, max(args.samples), args.lr, args.batch_size,
-                                       args.seed, out)
-            else:
-                results = diagnose.transfer(paths, clients, args.epochs, args.samples, args.trials, args.lr,
-                                            args.batch_size, args.seed, out)
-    except ConfigError as err:
-        print(f"flrep: configuration error: {err}", file=sys.stderr)
-        return 2
-    for name, result in results.items():
-        numbers = {k: v for k, v in result.items() if k in ("mean_diagonal", "mean_off_diagonal", "cka", "mean")}
-        print(f"{name}: " + ", ".join(f"{k} {_short(v)}" for k, v in numbers.items()))
-    print(f"flrep: {args.analysis} results in {out}")
-    return 0
-
-
-def _short(value) -> str:
-    return "[" + ", ".join(f"{v:.3f}" for v in value) + "]" if isinstance(value, list) else f"{value:.3f}"
-
-
-def _cmd_list(args: argparse.Namespace) -> int:
-    from flower_app.catalogue import algorithm_lines, experiment_lines, load_catalogue
-    from flower_app.config import experiment_names
-    from strategies import ALGORITHMS
-
-    try:
-        catalogue = load_catalogue()
-    except ConfigError as err:
-        print(f"flrep: {err}", file=sys.stderr)
-        return 2
-    print("experiments (flrep run <name>; estimated minutes of the whole run, all its variants, one seed):")
-    print("\n".join(experiment_lines(experiment_names(), catalogue)))
-    print("algorithms (algorithm=<name>):")
-    print("\n".join(algorithm_lines({name: a.description for name, a in sorted(ALGORITHMS.items())})))
-    return 0
-
-
-def _cmd_reproduce(args: argparse.Namespace) -> int:
-    from flower_app.tables import SCALES, load_table, table_names
-
-    try:
-        if args.list:
-            for name in table_names():
-                table = load_table(name)
-                cost = ", ".join(f"{s} {table.minutes(s) * len(args.seeds) / 60:.1f} h" for s in SCALES)
-                print(f"{name:28s} {len(table.cells):3d} cells  {len(args.seeds)} seeds: {cost}  {table.title}")
-            return 0
-        if not args.table or not args.out:
-            print("flrep: reproduce needs a table and --out DIR (or --list)", file=sys.stderr)
-            return 2
-        from flower_app.reproduce import AppChanged, reproduce
-
-        out = Path(args.out).expanduser().resolve()
-        again = ["reproduce", args.table, "--scale", args.scale, "--seeds", *map(str, args.seeds), "--out", str(out),
-                 *(["--only", *args.only] if args.only else []), *(["--set", *args.set] if args.set else [])]
-        try:
-            return reproduce(load_table(args.table), args.scale, list(args.seeds), args.only, out, args.set or [])
-        except AppChanged as changed:
-            print(f"[reproduce] {changed}; starting the same command again with the new app", flush=True)
-            sys.stderr.flush()
-            os.execv(sys.executable, [sys.executable, "-m", "flower_app.cli", *again])
-        except Stopped as stop:
-            print(f"[reproduce] continue it with:\n  {shlex.join(['flrep', *again])}", file=sys.stderr)
-            return stop.exit_code
-    except ConfigError as err:
-        print(f"flrep: configuration error: {err}", file=sys.stderr)
-        return 2
-
-
-def _cmd_lg_synthetic(args: argparse.Namespace) -> int:
-    from task.analysis.lg_synthetic import run
-
-    out = Path(args.out).expanduser().resolve()
-    summary = run(list(args.rho), out, seed=args.seed, sigma=args.sigma)
-    for res in summary["settings"]:
-        print(f"rho={res['rho']}: local {res['local_mse']:.4f}, global {res['global_mse']:.4f}, "
-              f"best alpha {res['best_alpha']:.2f} -> {res['best_mse']:.4f} (theory alpha* {res['theory_alpha_star']:.2f})")
-    print(f"flrep: outputs in {out}")
-    return 0
-
-
-def _positive_int(text: str) -> int:
-    """An argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The ``flrep`` parser (its subcommands' parsers in ``SUBCOMMANDS`` after the call)."""
     parser = argparse.ArgumentParser(prog="flrep", description=__doc__)
@@ -455,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                "went (engine start-up, server phases, clients' setup/compute/snapshots)")
     bench.add_argument("experiment", help="name of a file in conf/experiment/ (without .yaml)")
     bench.add_argument("overrides", nargs="*", help="dotted key=value overrides")
-    bench.add_argument("--rounds", type=_positive_int, default=3, help="rounds to run (default 3)")
+    bench.add_argument("--rounds", type=positive_int, default=3, help="rounds to run (default 3)")
     bench.add_argument("--out", help="also write the report as JSON to this file")
     bench.add_argument("--device", choices=["cpu", "cuda"], help="simulation.device (cuda: with "
                        "simulation.client_gpus=0.1 unless given, ten ClientApps per GPU)")
@@ -464,77 +291,16 @@ def build_parser() -> argparse.ArgumentParser:
                                         "on loopback, stopped afterwards")
     dep.add_argument("experiment", help="name of a file in conf/experiment/ (without .yaml)")
     dep.add_argument("overrides", nargs="*", help="dotted key=value overrides")
-    dep.add_argument("--nodes", type=_positive_int, required=True, help="number of SuperNodes (= data.num_clients)")
+    dep.add_argument("--nodes", type=positive_int, required=True, help="number of SuperNodes (= data.num_clients)")
     dep.add_argument("--out", help="output directory (logs of the processes in <out>/deployment)")
     dep.add_argument("--force", action="store_true", help="move an earlier run in the output directory aside")
     dep.add_argument("--verbose", action="store_true", help="also show Flower's and Ray's INFO lines and warnings")
     dep.add_argument("--tls", help="directory made by 'flrep certs': TLS and SuperNode authentication")
     dep.add_argument("--node-data", help="directory made by 'flrep split-data': each SuperNode loads node-<i>/")
     dep.set_defaults(func=_cmd_deploy)
-    crt = sub.add_parser("certs", help="create a CA, the SuperLink's TLS certificate and SuperNode key pairs")
-    crt.add_argument("--out", required=True, help="directory for the files")
-    crt.add_argument("--nodes", type=_positive_int, required=True, help="number of SuperNode key pairs")
-    crt.add_argument("--host", nargs="+", default=["127.0.0.1", "localhost"],
-                     help="SuperLink addresses the certificate is valid for (IPs and names)")
-    crt.add_argument("--force", action="store_true", help="replace an existing CA")
-    crt.set_defaults(func=_cmd_certs)
-    spl = sub.add_parser("split-data", help="write each client's partition as its own dataset folder (node-<i>/)")
-    spl.add_argument("experiment", help="name of a file in conf/experiment/ (without .yaml)")
-    spl.add_argument("overrides", nargs="*", help="dotted key=value overrides")
-    spl.add_argument("--out", required=True, help="directory for the node folders")
-    spl.set_defaults(func=_cmd_split_data)
-    slk = sub.add_parser("superlink", help="show (--stop: stop) the local SuperLink that 'flwr run .' leaves running "
-                                           "for this user, with its SuperExec and simulation processes")
-    slk.add_argument("--stop", action="store_true", help="stop them (SIGTERM, then SIGKILL after 10 s)")
-    slk.set_defaults(func=_cmd_superlink)
-    exp = sub.add_parser("export", help="write a run's model (its global arrays over the initial model) as a "
-                                        "loadable file, for diagnostics")
-    exp.add_argument("run_dir", help="a run's output directory (a comparison's variant folder)")
-    exp.add_argument("--out", help="the file to write (default <run-dir>/model.pt; never overwritten)")
-    exp.set_defaults(func=_cmd_export)
-    dia = sub.add_parser("diagnose", help="representation diagnostics of runs or exported models: per-class feature "
-                                          "cosine, CKA per layer under fine-tuning, fine-tuning transfer")
-    dia.add_argument("analysis", choices=["cosine", "cka", "transfer"])
-    dia.add_argument("models", nargs="+", help="run directories (a comparison's variant folders) or model.pt files")
-    dia.add_argument("--out", required=True, help="directory for the PNGs, CSVs and JSON")
-    dia.add_argument("--clients", nargs="+", metavar="EXPERIMENT [key=value]",
-                     help="cka, transfer: the new clients' data: an experiment (with overrides); its held-out new "
-                          "clients (data.num_new_clients) if it has them, else its first clients")
-    dia.add_argument("--new-clients", type=_positive_int, default=5, help="how many new clients (default 5)")
-    dia.add_argument("--epochs", type=_positive_int, default=10, help="fine-tuning epochs (default 10)")
-    dia.add_argument("--samples", type=int, nargs="+", default=[10, 50, 100, 200],
-                     help="transfer: samples per epoch to try (default 10 50 100 200); cka: the largest is used")
-    dia.add_argument("--trials", type=_positive_int, default=5, help="transfer: trials per new client (default 5)")
-    dia.add_argument("--lr", type=float, default=0.01, help="fine-tuning SGD step size (default 0.01)")
-    dia.add_argument("--batch-size", type=_positive_int, default=10, help="fine-tuning batch size (default 10)")
-    dia.add_argument("--seed", type=int, default=0)
-    dia.add_argument("--threads", type=_positive_int, default=1,
-                     help="torch threads (default 1: with more, a fine-tuning step ran 9x slower on a busy 2-core "
-                          "machine; raise it on an idle one)")
-    dia.set_defaults(func=_cmd_diagnose)
-    lst = sub.add_parser("list", help="the experiments (what each reproduces, its dataset, estimated minutes) "
-                                         "and the algorithms (what each does, its paper)")
-    lst.set_defaults(func=_cmd_list)
+    add_tool_parsers(sub)
     add_data_parser(sub)
-    rep = sub.add_parser("reproduce", help="run a paper table's cells over seeds (resumable) and write ours beside "
-                                           "the paper's: DIR/table.md, table.csv, table.png")
-    rep.add_argument("table", nargs="?", help="name of a file in conf/tables/ (without .yaml)")
-    rep.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds to run (default 0 1 2)")
-    rep.add_argument("--scale", choices=["paper", "cpu"], default="cpu",
-                     help="paper: the paper's setting; cpu: the table's declared reduction (default)")
-    rep.add_argument("--only", nargs="+", metavar="CELL", help="run only these cells")
-    rep.add_argument("--out", help="output directory (runs, table.md, table.csv, table.png)")
-    rep.add_argument("--set", nargs="+", metavar="KEY=VALUE",
-                     help="machine settings for every run (simulation.*, client_state.*, wandb.*), "
-                          "e.g. simulation.client_gpus=0.1 on a GPU")
-    rep.add_argument("--list", action="store_true", help="list the tables and their estimated cost on a 2-core CPU")
-    rep.set_defaults(func=_cmd_reproduce)
-    syn = sub.add_parser("lg-synthetic", help="LG-FedAvg Fig. 2/4: local, global and interpolated linear models")
-    syn.add_argument("--out", required=True, help="output directory")
-    syn.add_argument("--rho", type=float, nargs="+", default=[0.5, 0.1, 0.06, 0.02], help="device std rho")
-    syn.add_argument("--sigma", type=float, default=1.5, help="label noise std sigma")
-    syn.add_argument("--seed", type=int, default=0)
-    syn.set_defaults(func=_cmd_lg_synthetic)
+    add_reproduce_parser(sub)
     sub.add_parser("bench", help="local-training throughput: engine vs DataLoader (flrep bench --help)")
     sub.add_parser("bench-entk", help="eNTK extraction throughput and stage-2 round time (flrep bench-entk --help)")
     sub.add_parser("pareto", help="LocalUpdate convergence/accuracy Pareto frontiers, Figs. 1-5 (flrep pareto --help)")
