@@ -8,7 +8,6 @@ import os
 from pathlib import Path
 from typing import NoReturn
 
-import torch
 
 #: The errnos of a full disk (or a full quota).
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -79,6 +78,8 @@ def save_torch_atomic(obj: object, path: Path) -> None:
     tmp = path.with_suffix(".tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        import torch  # here: the commands' first-second checks write files without loading torch
+
         with open(tmp, "wb") as fh:  # a file object: torch's writer then keeps the OSError of a full disk
             torch.save(obj, fh)
             fh.flush()

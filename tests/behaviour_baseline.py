@@ -70,8 +70,8 @@ def _clean(value):
 
 def run_case(experiment: str, overrides: str, out: Path) -> dict:
     """Run one case in-process into ``out``; its cleaned records and summary."""
-    from flower_app.config import load_variants
-    from flower_app.server_app import run_variants
+    from flower_app.run.config import load_variants
+    from flower_app.app.server_app import run_variants
     from tests.local_grid import LocalGrid
 
     overrides = f"{overrides} out_dir={out}"

@@ -19,7 +19,7 @@ from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
-from flower_app.client_app import app as client_app
+from flower_app.app.client_app import app as client_app
 
 
 class LocalGrid(Grid):

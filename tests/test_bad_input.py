@@ -15,12 +15,12 @@ import torch
 from flwr.app import Array, Context, RecordDict
 from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
-from flower_app.cli import _outcome, _summary_stamp
+from flower_app.commands.common import run_outcome as _outcome, summary_stamp as _summary_stamp
 from flower_app.cli import main as flrep
-from flower_app.config import load_config, load_variants, validate_with_data
-from flower_app.experiment import Experiment
-from flower_app.server_app import main as server_main
-from flower_app.server_app import preflight
+from flower_app.run.config import load_config, load_variants, validate_with_data
+from flower_app.app.experiment import Experiment
+from flower_app.app.server_app import main as server_main
+from flower_app.app.server_app import preflight
 from task.data.datasets.image_folder import load_image_folder
 from task.errors import ConfigError
 from tests.local_grid import LocalGrid
@@ -66,7 +66,8 @@ def test_a_refused_resume_changes_nothing(finished, capsys):
 
 
 def test_resume_without_a_checkpoint_says_so_and_starts_fresh_moving_started_files_aside(tmp_path, capsys):
-    from flower_app.cli import _prepare, parse_args
+    from flower_app.cli import parse_args
+    from flower_app.commands.common import prepare_run as _prepare
 
     started = tmp_path / "run"
     started.mkdir()
@@ -240,7 +241,7 @@ def test_a_stale_summary_is_not_taken_for_the_outcome(finished):
 
 
 def test_a_yaml_syntax_error_names_the_file_and_line(tmp_path, monkeypatch):
-    import flower_app.config as config
+    import flower_app.run.config as config
 
     (tmp_path / "experiment").mkdir()
     shutil.copy(config.CONF_DIR / "base.yaml", tmp_path / "base.yaml")
@@ -269,7 +270,7 @@ def test_clients_meant_for_a_gpu_need_a_share_of_one(monkeypatch, caplog):
     import torch
     from omegaconf import OmegaConf
 
-    from flower_app.simulation import check_resources
+    from flower_app.run.simulation import check_resources
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
@@ -349,7 +350,7 @@ class LateSimulation(TwoNodeSimulation):
 
 
 def test_supernodes_registering_after_the_serverapp_starts_are_waited_for():
-    from flower_app.server_app import check_simulated_nodes
+    from flower_app.app.server_app import check_simulated_nodes
 
     check_simulated_nodes(LateSimulation(), 20, wait_s=30)  # no error: the count was not final yet
 

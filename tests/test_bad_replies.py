@@ -7,9 +7,9 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 
-from flower_app.config import load_config
-from flower_app.reply_check import reply_problem
-from flower_app.server_app import Experiment
+from flower_app.run.config import load_config
+from flower_app.app.reply_check import reply_problem
+from flower_app.app.server_app import Experiment
 from strategies.common import ARRAYS, METRICS, NUM_EXAMPLES
 from tests.local_grid import LocalGrid
 

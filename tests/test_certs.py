@@ -9,7 +9,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.verification import PolicyBuilder, Store
 
-from flower_app.certs import make_deployment_keys
+from flower_app.tools.certs import make_deployment_keys
 
 HOSTS = ["127.0.0.1", "localhost", "::1", "superlink.example.org"]
 

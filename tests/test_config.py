@@ -4,8 +4,8 @@ import pytest
 from flwr.app import Error, Message
 
 from flower_app.cli import main as flrep
-from flower_app.config import clients_per_round, load_config, validate_with_data
-from flower_app.federation import Traffic, connect
+from flower_app.run.config import clients_per_round, load_config, validate_with_data
+from flower_app.app.federation import Traffic, connect
 from strategies.common import reply
 from task.data.home import data_home
 from task.errors import ConfigError

@@ -6,7 +6,7 @@ import logging
 from flwr.common.logger import ConsoleHandler
 from flwr.supercore.logger import LOGGER_NAME
 
-from flower_app import console
+from flower_app.run import console
 
 
 def _console_handler() -> ConsoleHandler:

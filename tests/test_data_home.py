@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flower_app.config import load_config
-from flower_app.precheck import quick_check
+from flower_app.run.config import load_config
+from flower_app.run.precheck import quick_check
 from offline_data import shared
 from task.data import fetch
 from task.data.home import resolve_root

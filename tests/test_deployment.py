@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from flower_app.certs import load_deployment_keys, make_deployment_keys
-from flower_app.deployment import LocalDeployment, free_port, wait_for_port
+from flower_app.tools.certs import load_deployment_keys, make_deployment_keys
+from flower_app.tools.deploy import LocalDeployment, free_port, wait_for_port
 from task.errors import ConfigError
 
 RUN = ["compare=[]", "wandb.enabled=false", "train.fraction=1.0", "eval.final_window=1", "fedrep.head_epochs=2"]
@@ -164,7 +164,7 @@ def test_a_supernode_that_cannot_start_is_named_before_the_run_is_submitted(tmp_
     with socket.socket() as taken, LocalDeployment(tmp_path / "deployment") as deployment:
         taken.bind(("127.0.0.1", 0))  # bound, not listening: the SuperNode cannot bind it
         deployment.start_superlink()
-        monkeypatch.setattr("flower_app.deployment.free_port", lambda: taken.getsockname()[1])
+        monkeypatch.setattr("flower_app.tools.deploy.free_port", lambda: taken.getsockname()[1])
         deployment.start_supernode(0, {"partition-id": 0, "num-partitions": 1})
         with pytest.raises(RuntimeError, match=r"supernode-0 exited with status 1; its log ends:"):
             deployment.run("quickstart", RUN + ["data.num_clients=1", f"out_dir={tmp_path / 'out'}"], timeout_s=60)

@@ -6,8 +6,8 @@ import json
 import pytest
 
 from flower_app.cli import main as flrep
-from flower_app.config import load_variants
-from flower_app.server_app import run_variants
+from flower_app.run.config import load_variants
+from flower_app.app.server_app import run_variants
 from tests.local_grid import LocalGrid
 
 # digits 0-7 train the clients; the 4 held-out new clients hold digits 8 and 9

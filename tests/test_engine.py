@@ -165,7 +165,7 @@ def test_crop_flip_is_a_padded_crop_possibly_mirrored():
 
 
 def test_augmentation_needs_images():
-    from flower_app.config import load_config, validate_with_data
+    from flower_app.run.config import load_config, validate_with_data
     from task.errors import ConfigError
 
     with pytest.raises(ConfigError, match="train.augment"):

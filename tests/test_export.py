@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from flower_app.checkpoint import read
+from flower_app.app.checkpoint import read
 from flower_app.cli import main as flrep
-from flower_app.config import initial_model, load_config, load_variants
-from flower_app.export import load_model
-from flower_app.server_app import run_variants
+from flower_app.run.config import initial_model, load_config, load_variants
+from flower_app.tools.export import load_model
+from flower_app.app.server_app import run_variants
 from task.data.federated_data import build_federated_data
 from tests.local_grid import LocalGrid
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from flower_app.config import load_variants
-from flower_app.server_app import run_variants
+from flower_app.run.config import load_variants
+from flower_app.app.server_app import run_variants
 from strategies.common import ARRAYS
 from task.data.datasets.adult import load_adult
 from task.learning.engine import OptimizerConfig, TensorData

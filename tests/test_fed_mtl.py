@@ -6,8 +6,8 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from torch.nn import functional as F
 
-from flower_app.config import load_config, load_variants, validate_with_data
-from flower_app.server_app import run_variants
+from flower_app.run.config import load_config, load_variants, validate_with_data
+from flower_app.app.server_app import run_variants
 from strategies import fed_mtl
 from strategies.common import ARRAYS, CONFIG, ClientRuntime
 from task.errors import ConfigError

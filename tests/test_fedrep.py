@@ -8,8 +8,8 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from torch import nn
 
-from flower_app.config import load_config, load_variants
-from flower_app.server_app import run_variants
+from flower_app.run.config import load_config, load_variants
+from flower_app.app.server_app import run_variants
 from strategies import ALGORITHMS, fedrep
 from strategies.common import ARRAYS, CONFIG, METRICS, ClientRuntime, body_keys, head_keys
 from task.learning.engine import TensorData, evaluate
@@ -255,7 +255,7 @@ def test_exact_head_solver_is_least_squares_and_orthonormalize_keeps_the_span():
 
 
 def test_exact_solver_needs_regression_and_orthonormalize_needs_the_linear_model():
-    from flower_app.config import validate_with_data
+    from flower_app.run.config import validate_with_data
 
     with pytest.raises(ConfigError, match="fedrep.head_solver"):
         validate_with_data(load_config("quickstart", ["fedrep.head_solver=exact"]))
@@ -330,7 +330,7 @@ def test_new_clients_with_held_out_classes_adapt_a_head_on_the_frozen_body(tmp_p
 
 
 def test_new_client_classes_are_validated():
-    from flower_app.config import validate_with_data
+    from flower_app.run.config import validate_with_data
 
     with pytest.raises(ConfigError, match="data.new_client_classes"):
         validate_with_data(load_config("quickstart", ["data.num_new_clients=2", "data.new_client_classes=[3,42]"]))

@@ -11,9 +11,9 @@ import pytest
 import torch
 from flwr.app import Message
 
-from flower_app.config import load_config, load_variants, validate_with_data
-from flower_app.experiment import Experiment
-from flower_app.server_app import run_variants
+from flower_app.run.config import load_config, load_variants, validate_with_data
+from flower_app.app.experiment import Experiment
+from flower_app.app.server_app import run_variants
 from strategies.common import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES
 from strategies.evaluator import ServerEvaluator
 from strategies.fedavg import LOCAL_ACCURACY, OFFICIAL_ACCURACY, SCORE_LOCAL

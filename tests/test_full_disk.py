@@ -15,10 +15,10 @@ import torch
 from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
-from flower_app import checkpoint
-from flower_app.comparison import write_comparison
-from flower_app.results import RunRecorder
-from flower_app.run_dir import write_atomic
+from flower_app.app import checkpoint
+from flower_app.results.comparison import write_comparison
+from flower_app.results.contract import RunRecorder
+from flower_app.run.run_dir import write_atomic
 from task.files import WriteFailed
 
 EVALS = [{"round": t, "phase": "eval", "personalized_accuracy": 0.5, "client_accuracy": {"0": 0.5}} for t in (1, 2)]

@@ -7,8 +7,8 @@ import pytest
 import torch
 from flwr.app import ConfigRecord, RecordDict
 
-from flower_app.config import load_config, load_variants
-from flower_app.server_app import run_variants
+from flower_app.run.config import load_config, load_variants
+from flower_app.app.server_app import run_variants
 from protocols.online import OnlineDevice
 from strategies.common import ARRAYS, ClientRuntime
 from strategies.lg_fedavg import LOCAL_STATE, global_keys, local_keys
@@ -136,7 +136,7 @@ def test_lg_config_errors_name_the_key():
         load_config("quickstart", ["algorithm=lg_fedavg"])
     with pytest.raises(ConfigError, match="exactly one"):
         load_config("quickstart", ["algorithm=lg_fedavg", "lg.fedavg_rounds=3", "lg.goal_accuracy=0.9"])
-    from flower_app.config import validate_with_data
+    from flower_app.run.config import validate_with_data
 
     with pytest.raises(ConfigError, match="lg.global_part"):
         validate_with_data(load_config("quickstart", ["algorithm=lg_fedavg", "lg.fedavg_rounds=1", "lg.global_part=[fc9]"]))

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from flower_app.config import load_variants
-from flower_app.server_app import run_variants
+from flower_app.run.config import load_variants
+from flower_app.app.server_app import run_variants
 from task.analysis.linear_rep import new_client_errors, principal_angle_distance
 from task.data.synthetic import make_linear_tasks
 from tests.local_grid import LocalGrid

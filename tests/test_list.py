@@ -5,10 +5,10 @@ import re
 
 import pytest
 
-from flower_app.catalogue import load_catalogue, minutes
+from flower_app.tools.catalogue import load_catalogue, minutes
 from flower_app.cli import main as flrep
-from flower_app.config import experiment_names, load_config
-from flower_app.tables import load_table
+from flower_app.run.config import experiment_names, load_config
+from flower_app.reproduction.tables import load_table
 from strategies import ALGORITHMS
 from task.errors import ConfigError
 

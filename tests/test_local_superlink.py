@@ -9,7 +9,7 @@ import time
 import psutil
 
 from flower_app.cli import main as flrep
-from flower_app.local_superlink import local_superlinks
+from flower_app.tools.superlink import local_superlinks
 
 FAKE = textwrap.dedent("""\
     import subprocess, sys, time

@@ -8,8 +8,8 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
-from flower_app.config import load_config
-from flower_app.server_app import Experiment
+from flower_app.run.config import load_config
+from flower_app.app.server_app import Experiment
 from strategies.common import ARRAYS, METRICS, NUM_EXAMPLES
 from strategies.local_update import LocalUpdateAdam, LocalUpdateGD, LocalUpdateNesterov, make_strategy
 from task.analysis.surrogate import (QuadraticFederation, Theta, kappa, rate, surrogate_gradient, surrogate_hessian,

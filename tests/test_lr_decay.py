@@ -13,8 +13,8 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
-from flower_app.client_app import evaluate_global_model
-from flower_app.config import load_config
+from flower_app.app.client_app import evaluate_global_model
+from flower_app.run.config import load_config
 
 from protocols.finetune import finetune
 from protocols.new_clients import adapt_head

@@ -1,7 +1,7 @@
 """Headline numbers: which evaluations the final window averages and how that is said, and the
 comparison table's columns."""
 
-from flower_app.experiment import describe_window
+from flower_app.app.outcome import describe_window
 from task.learning.metrics import final_window_mean, final_window_rounds
 
 
@@ -22,7 +22,7 @@ def test_unmeasured_rounds_are_skipped_and_an_empty_window_falls_back_to_the_las
 
 
 def test_the_comparison_table_shows_a_column_only_where_a_variant_reports_it():
-    from flower_app.comparison import comparison_table
+    from flower_app.results.comparison import comparison_table
 
     table = comparison_table({"fedavg": {"personalized_accuracy": 0.5, "official_local_accuracy": 0.8},
                               "fedrep": {"personalized_accuracy": 0.9}})

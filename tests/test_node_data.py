@@ -183,8 +183,8 @@ def test_writers_refuse_data_they_cannot_write_back(tmp_path):
 
 def _mnist_federation(tmp_path, out: str, data_paths=None, algorithm: str = "fedrep", extra: str = "") -> dict:
     """``algorithm`` on the tiny mnist copy, 3 clients; each node reads ``data_paths[pid]`` when given."""
-    from flower_app.config import load_config
-    from flower_app.server_app import Experiment
+    from flower_app.run.config import load_config
+    from flower_app.app.server_app import Experiment
     from tests.local_grid import LocalGrid
 
     overrides = (f"algorithm={algorithm} wandb.enabled=false compare=[] data.name=mnist data.root={tmp_path / 'global'} "

@@ -7,9 +7,9 @@ from pathlib import Path
 
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
-from flower_app.client_checkpoint import snapshot_mod
-from flower_app.config import load_config
-from flower_app.server_app import Experiment
+from flower_app.app.client_checkpoint import snapshot_mod
+from flower_app.run.config import load_config
+from flower_app.app.server_app import Experiment
 from strategies.common import CONFIG
 from strategies.state_store import SIMULATION_ENV
 from tests.local_grid import LocalGrid
@@ -72,7 +72,7 @@ def test_a_run_name_from_the_server_cannot_walk_the_nodes_disk(tmp_path, monkeyp
 
 
 def test_a_deployed_node_keeps_its_data_caches_on_its_own_disk(tmp_path, monkeypatch):
-    from flower_app.client_app import runtime_for
+    from flower_app.app.client_app import runtime_for
 
     monkeypatch.delenv(SIMULATION_ENV)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))

@@ -9,8 +9,8 @@ import torch
 from flwr.app import ConfigRecord, RecordDict
 from torch.nn import functional as F
 
-from flower_app.config import load_config
-from flower_app.server_app import Experiment
+from flower_app.run.config import load_config
+from flower_app.app.server_app import Experiment
 from strategies import ALGORITHMS, perfedavg
 from strategies.common import ARRAYS, CONFIG, METRICS
 from strategies.local_update import maml_gradient, pseudo_gradient

@@ -6,7 +6,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from torch.func import functional_call
 
-from flower_app.config import load_config
+from flower_app.run.config import load_config
 from strategies import apfl, ditto, l2gd
 from strategies.common import ARRAYS, CONFIG
 from strategies.state_store import keep_arrays, kept_arrays

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from flower_app.config import load_config
-from flower_app.server_app import Experiment
+from flower_app.run.config import load_config
+from flower_app.app.server_app import Experiment
 from strategies import ALGORITHMS, Algorithm, register
 from strategies.base import all_keys
 from strategies.common import ARRAYS

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from flower_app.config import load_config
-from flower_app.plugins import ENTRY_POINT_GROUP
+from flower_app.run.config import load_config
+from flower_app.app.plugins import ENTRY_POINT_GROUP
 from strategies import ALGORITHMS
 from task.errors import ConfigError
 

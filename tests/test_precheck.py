@@ -7,8 +7,8 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
-from flower_app.precheck import CONF_DIR, quick_check
-from flower_app.schema import run_schema
+from flower_app.run.precheck import CONF_DIR, quick_check
+from flower_app.run.schema import run_schema
 from task.errors import ConfigError
 
 
@@ -53,6 +53,6 @@ def test_every_key_of_the_full_schema_is_in_base_yaml():
 
 
 def test_the_quick_check_imports_neither_torch_nor_flower():
-    code = ("import sys; from flower_app.precheck import quick_check; quick_check('quickstart', ['rounds=2']); "
+    code = ("import sys; from flower_app.run.precheck import quick_check; quick_check('quickstart', ['rounds=2']); "
             "assert not {'torch', 'flwr'} & set(sys.modules), sorted({'torch', 'flwr'} & set(sys.modules))")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=CONF_DIR.parent)

@@ -3,8 +3,8 @@ never crosses the wire in either direction, checked by value through the real Se
 
 import pytest
 
-from flower_app.config import load_config
-from flower_app.server_app import Experiment
+from flower_app.run.config import load_config
+from flower_app.app.server_app import Experiment
 from strategies import ALGORITHMS, Algorithm, register
 from strategies.common import ARRAYS
 from strategies.ditto import PERSONAL, DittoConfig, evaluate_personal, make_strategy, train_ditto

@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from flower_app import checkpoint, tables
+from flower_app.app import checkpoint
+
+from flower_app.reproduction import tables
 from flower_app.cli import main as flrep
-from flower_app.reproduce import Job, check, command, plan, reproduce, run_folder, write_report
-from flower_app.stop_signals import Stopped
-from flower_app.tables import SCALES, load_table, table_names
+from flower_app.reproduction.runner import Job, check, command, plan, reproduce, run_folder, write_report
+from flower_app.run.stop_signals import Stopped
+from flower_app.reproduction.tables import SCALES, load_table, table_names
 from task.errors import ConfigError
 
 TINY = """
@@ -122,8 +124,8 @@ def test_a_run_made_with_other_settings_is_moved_aside_and_run_again(tiny, tmp_p
     import yaml
     from omegaconf import OmegaConf
 
-    from flower_app import reproduce as rep
-    from flower_app.config import load_config
+    from flower_app.reproduction import runner as rep
+    from flower_app.run.config import load_config
 
     table = load_table("tiny")
     job = Job(table.cells["a"], 0)
@@ -151,8 +153,8 @@ def test_a_run_made_with_other_settings_is_moved_aside_and_run_again(tiny, tmp_p
 
 def test_each_run_records_the_commit_it_started_with(tiny, tmp_path, monkeypatch):
     """A long table spans commits: every run's record names the code that run started with."""
-    from flower_app import bench_round
-    from flower_app import reproduce as rep
+    from flower_app.tools import bench_round
+    from flower_app.reproduction import runner as rep
 
     commits = iter(["aaa", "bbb+changes"])
     monkeypatch.setattr(bench_round, "commit", lambda: next(commits))
@@ -171,8 +173,8 @@ def test_a_table_whose_app_changes_beneath_it_records_the_run_and_starts_again(t
     from omegaconf import OmegaConf
 
     from flower_app import cli
-    from flower_app import config as app_config
-    from flower_app import reproduce as rep
+    from flower_app.run import config as app_config
+    from flower_app.reproduction import runner as rep
 
     out = tmp_path / "out"
     cfg = OmegaConf.to_container(app_config.load_config("quickstart", ["algorithm=fedavg", "rounds=2", "seed=0",
@@ -212,7 +214,7 @@ def test_a_table_whose_app_changes_beneath_it_records_the_run_and_starts_again(t
 
 
 def test_runs_of_an_older_table_revision_are_moved_aside_and_run_again(tiny, tmp_path, capsys, monkeypatch):
-    from flower_app import reproduce as rep
+    from flower_app.reproduction import runner as rep
 
     for seed in (0, 1):
         _fake_run(tmp_path, "a", seed, 0.5)
@@ -298,7 +300,7 @@ def test_a_recorded_run_missing_from_the_folder_is_named_not_counted_and_run_aga
                                                                                    monkeypatch):
     """A table continued where some of its recorded runs are not (made on another machine, the
     folder moved) does not silently lose them: the header names each, and the command runs it again."""
-    from flower_app import reproduce as rep
+    from flower_app.reproduction import runner as rep
 
     _fake_run(tmp_path, "a", 0, 0.5)
     record = {"status": "completed", "revision": 1, "date": "2026-11-23T07:00:00+00:00", "commit": "abc",
@@ -344,7 +346,7 @@ def test_a_cell_can_report_a_column_under_its_own_summary_key(tiny, tmp_path):
 
 
 def test_a_pipe_in_a_label_does_not_break_the_markdown_table():
-    from flower_app.reproduce import _cell
+    from flower_app.reproduction.report import _cell
 
     assert _cell("error |Bw - B*w*|^2") == "error \\|Bw - B*w*\\|^2"
 
@@ -352,8 +354,8 @@ def test_a_pipe_in_a_label_does_not_break_the_markdown_table():
 def test_a_run_resumed_on_another_machine_records_both_parts(tiny, tmp_path, monkeypatch):
     """Stopped on one machine and finished from its checkpoint on another: the record keeps the
     stopped part (machine, wall time) and the header names both machines."""
-    from flower_app import bench_round
-    from flower_app import reproduce as rep
+    from flower_app.tools import bench_round
+    from flower_app.reproduction import runner as rep
 
     gpu = {"processor": "x86_64", "cpu_count": 16, "cuda": "NVIDIA H200"}
     cpu = {"processor": "x86_64", "cpu_count": 2, "cuda": None}
@@ -409,7 +411,8 @@ def test_reproduce_runs_each_cell_and_seed_once_and_resumes(tiny, tmp_path, caps
 OWNER = """
 import sys, time
 from pathlib import Path
-from flower_app import reproduce, tables
+from flower_app.reproduction import runner as reproduce
+from flower_app.reproduction import tables
 from flower_app.cli import main
 tables.TABLES_DIR = Path(sys.argv[1])
 def run_child(cmd, log):
@@ -428,7 +431,7 @@ def test_a_second_reproduce_on_one_table_folder_exits_2_at_once_naming_the_first
     import sys
     import time
 
-    from flower_app import reproduce as rep
+    from flower_app.reproduction import runner as rep
 
     out, go = tmp_path / "out", tmp_path / "go"
     first = subprocess.Popen([sys.executable, "-c", OWNER, str(tiny), str(out), str(go)], stdout=subprocess.PIPE,

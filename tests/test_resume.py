@@ -7,9 +7,9 @@ import json
 import pytest
 from flwr.app import Context, Message, RecordDict
 
-from flower_app.config import load_config
-from flower_app.config import load_variants, variants_from_run_config
-from flower_app.server_app import Experiment, preflight, run_variants
+from flower_app.run.config import load_config
+from flower_app.run.config import load_variants, variants_from_run_config
+from flower_app.app.server_app import Experiment, preflight, run_variants
 from task.errors import ConfigError
 from tests.local_grid import LocalGrid
 

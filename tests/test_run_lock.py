@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from flower_app import checkpoint, run_dir, run_lock
-from flower_app.run_lock import LOCK_FILE, FolderBusy
+from flower_app.app import checkpoint
+
+from flower_app.run import run_dir, run_lock
+from flower_app.run.run_lock import LOCK_FILE, FolderBusy
 
 ARGS = ["quickstart", "algorithm=fedrep", "compare=[]", "rounds=4", "eval.final_window=2", "wandb.enabled=false"]
 BUSY = re.compile(r"is in use by another flrep command \(PID (\d+)\)")
@@ -25,7 +27,7 @@ BUSY = re.compile(r"is in use by another flrep command \(PID (\d+)\)")
 
 def _owner(folder: Path) -> subprocess.Popen:
     """Another process that owns ``folder`` until it is killed."""
-    code = ("import sys, time; from pathlib import Path; from flower_app import run_lock; "
+    code = ("import sys, time; from pathlib import Path; from flower_app.run import run_lock; "
             "run_lock.acquire(Path(sys.argv[1])); print('owned', flush=True); time.sleep(600)")
     proc = subprocess.Popen([sys.executable, "-c", code, str(folder)], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "owned"
@@ -65,7 +67,7 @@ def test_a_run_moved_aside_leaves_the_lock_behind(tmp_path):
     with run_lock.hold(folder):
         moved = run_dir.move_aside(folder)
         assert [p.name for p in moved.iterdir()] == ["metrics.jsonl"]
-        other = subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; from flower_app import "
+        other = subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; from flower_app.run import "
                                 "run_lock; run_lock.acquire(Path(sys.argv[1]))", str(folder)],
                                capture_output=True, text=True)
         assert other.returncode != 0 and f"(PID {os.getpid()})" in other.stderr

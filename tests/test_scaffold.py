@@ -6,8 +6,8 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
-from flower_app.config import load_config, load_variants
-from flower_app.server_app import Experiment, run_variants
+from flower_app.run.config import load_config, load_variants
+from flower_app.app.server_app import Experiment, run_variants
 from strategies.common import ARRAYS, METRICS, NUM_EXAMPLES
 from strategies.scaffold import CLIENT_CONTROL, CONTROL, Scaffold
 from task.data.federated_data import build_federated_data

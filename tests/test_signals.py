@@ -97,7 +97,7 @@ def _flrep(*args: str) -> list[str]:
 
 
 def test_one_stop_per_command_and_a_sigint_ignored_at_start_stays_ignored():
-    from flower_app.stop_signals import Stopped, stop_requested, stopping_on_signals
+    from flower_app.run.stop_signals import Stopped, stop_requested, stopping_on_signals
 
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as in a background job of a shell
     try:

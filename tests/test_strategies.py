@@ -8,8 +8,8 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from torch.nn import functional as F
 
-from flower_app.config import load_config
-from flower_app.federation import NodeSubset, Traffic, exchange, payload_size
+from flower_app.run.config import load_config
+from flower_app.app.federation import NodeSubset, Traffic, exchange, payload_size
 from strategies import ALGORITHMS
 from strategies.common import ARRAYS, CONFIG, METRICS, ClientRuntime, reply
 from protocols.finetune import SALT, finetune
@@ -205,7 +205,7 @@ class FakeGrid:
 
 
 def test_failed_clients_are_logged_and_left_out_of_the_aggregate():
-    from flower_app.federation import Federation
+    from flower_app.app.federation import Federation
 
     fed = Federation({0: 100, 1: 101, 2: 102})
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from flwr.app import ArrayRecord
 
-from flower_app.config import load_config, load_variants
-from flower_app.server_app import Experiment, run_variants
+from flower_app.run.config import load_config, load_variants
+from flower_app.app.server_app import Experiment, run_variants
 from strategies.common import ARRAYS
 from strategies.scaffold import apply_deltas, control_update
 from strategies.tct import FEATURES, MOMENTS, STANDARDIZATION, WEIGHTS, entk_setup
@@ -158,7 +158,7 @@ def test_tct_variants_run(tmp_path):
                                            ("tct.solver=adam", "tct.solver"),
                                            ("tct.feature_dtype=int8", "tct.feature_dtype")])
 def test_tct_config_errors_name_their_key(tmp_path, override, key):
-    from flower_app.config import validate_with_data
+    from flower_app.run.config import validate_with_data
 
     with pytest.raises(ConfigError, match=key):
         validate_with_data(load_config("quickstart", _overrides(tmp_path, override).split()))

@@ -20,11 +20,11 @@ import pytest
 from flwr.common.logger import ConsoleHandler
 from flwr.supercore.logger import LOGGER_NAME
 
-from flower_app import comparison, plots
+from flower_app.results import comparison, plots
 from flower_app.cli import main as flrep
-from flower_app.config import load_variants
-from flower_app.progress import LEVEL_PREFIX_COLUMNS, TERMINAL_COLUMNS, terminal_round_line
-from flower_app.server_app import run_variants
+from flower_app.run.config import load_variants
+from flower_app.results.progress import LEVEL_PREFIX_COLUMNS, TERMINAL_COLUMNS, terminal_round_line
+from flower_app.app.server_app import run_variants
 from tests.local_grid import LocalGrid
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,8 +68,8 @@ def test_a_quiet_run_on_a_terminal_shows_no_ray_line_and_round_lines_fit_100_col
 
 @pytest.mark.parametrize("verbose", ["0", "1"])
 def test_the_clientapps_output_reaches_flrep_only_with_verbose(verbose, monkeypatch):
-    from flower_app import simulation
-    from flower_app.console import VERBOSE_ENV
+    from flower_app.run import simulation
+    from flower_app.run.console import VERBOSE_ENV
 
     engine = importlib.import_module("flwr.simulation.run_simulation")  # the module, not its function
     started = {}

@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from flower_app.bench_round import breakdown, table
-from flower_app.config import load_config, load_variants
-from flower_app.experiment import Experiment
-from flower_app.server_app import run_variants
+from flower_app.tools.bench_round import breakdown, table
+from flower_app.run.config import load_config, load_variants
+from flower_app.app.experiment import Experiment
+from flower_app.app.server_app import run_variants
 from tests.local_grid import LocalGrid
 
 
@@ -43,7 +43,7 @@ def test_the_bench_report_adds_up():
 
 
 def test_bench_round_on_cuda_gives_the_clientapps_a_gpu_share():
-    from flower_app.cli import _device_overrides
+    from flower_app.commands.bench_round import device_overrides as _device_overrides
 
     assert _device_overrides(None, ["rounds=2"]) == []
     assert _device_overrides("cpu", []) == ["simulation.device=cpu"]
@@ -55,7 +55,7 @@ def test_tree_memory_counts_the_processes_a_run_starts():
     import subprocess
     import sys
 
-    from flower_app.memory import TreeMemory
+    from flower_app.tools.memory import TreeMemory
 
     child = "import time; block = bytearray(160 * 2**20); time.sleep(1.5)"
     with TreeMemory(interval=0.1) as memory:
@@ -67,7 +67,7 @@ def test_tree_memory_counts_the_processes_a_run_starts():
 
 
 def test_bench_clientapp_times_fresh_processes(tmp_path):
-    from flower_app.bench_clientapp import main
+    from flower_app.tools.bench_clientapp import main
 
     assert main(["quickstart", "--processes", "2", "--out", str(tmp_path / "r.json")]) == 0
     runs = json.loads((tmp_path / "r.json").read_text())["runs"]

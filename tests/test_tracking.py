@@ -2,7 +2,7 @@
 
 from omegaconf import OmegaConf
 
-import flower_app.tracking as tracking
+import flower_app.results.tracking as tracking
 
 
 def test_unreachable_wandb_server_disables_tracking(tmp_path, monkeypatch):

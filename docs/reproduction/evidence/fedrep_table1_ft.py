@@ -60,9 +60,9 @@ from omegaconf import OmegaConf
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO))
 
-from flower_app import checkpoint  # noqa: E402
-from flower_app.config import head_groups  # noqa: E402
-from flower_app.export import model_from_run  # noqa: E402
+from flower_app.app import checkpoint  # noqa: E402
+from flower_app.run.config import head_groups  # noqa: E402
+from flower_app.tools.export import model_from_run  # noqa: E402
 from protocols.finetune import finetune  # noqa: E402
 from strategies.common import ARRAYS, METRICS, ClientRuntime  # noqa: E402
 from task.data.datasets.images import ImageArray  # noqa: E402

@@ -1,0 +1,252 @@
+"""Talking to the federation: handshake, node subsets, communication accounting."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from logging import INFO, WARNING
+
+import numpy as np
+from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+
+from flower_app.app.reply_check import reply_problem
+from flower_app.run.stop_signals import stop_requested
+from flower_app.app.timing import PhaseTimer
+from strategies.common import CONFIG, METRICS
+from strategies.services import TemplateFn
+from task.errors import ConfigError
+
+NODE_WAIT_S = 10.0  # simulation registers all nodes before the ServerApp starts
+
+
+def payload_size(content: RecordDict) -> tuple[int, int]:
+    """(number of parameters, serialized bytes) of all arrays in a message's content."""
+    params = nbytes = 0
+    for record in content.array_records.values():
+        for array in record.values():
+            params += math.prod(array.shape)
+            nbytes += len(array.data)
+    return params, nbytes
+
+
+@dataclass
+class Traffic:
+    """Parameters and bytes that actually crossed the wire, per direction."""
+
+    params_down: int = 0
+    params_up: int = 0
+    bytes_down: int = 0
+    bytes_up: int = 0
+    by_phase: dict[str, int] = field(default_factory=dict)  # parameters both ways, per phase
+
+    def sent(self, messages: Iterable[Message], phase: str = "other") -> None:
+        for msg in messages:
+            p, b = payload_size(msg.content)
+            self.params_down += p
+            self.bytes_down += b
+            self.by_phase[phase] = self.by_phase.get(phase, 0) + p
+
+    def received(self, replies: Iterable[Message], phase: str = "other") -> None:
+        for msg in replies:
+            if not msg.has_error():
+                p, b = payload_size(msg.content)
+                self.params_up += p
+                self.bytes_up += b
+                self.by_phase[phase] = self.by_phase.get(phase, 0) + p
+
+    def as_dict(self) -> dict[str, int]:
+        """The four running totals (per-phase counts: ``by_phase``)."""
+        return {k: v for k, v in vars(self).items() if k != "by_phase"}
+
+
+class NodeSubset:
+    """A Grid view that exposes only the given nodes to a Flower strategy's sampling."""
+
+    def __init__(self, grid: Grid, node_ids: list[int]) -> None:
+        self._grid = grid
+        self._node_ids = list(node_ids)
+
+    def get_node_ids(self) -> list[int]:
+        return list(self._node_ids)
+
+    def __getattr__(self, name: str):
+        return getattr(self._grid, name)
+
+
+@dataclass
+class Federation:
+    """The connected nodes and which client (partition id) each one serves."""
+
+    node_of: dict[int, int]  # partition id -> node id
+    train_size: dict[int, int] = field(default_factory=dict)  # partition id -> training examples
+    own_data: bool = False  # the nodes hold their own data (node config data-path): they evaluate themselves
+    strangers: set[int] = field(default_factory=set)  # nodes serving no client of this run (or gone): not asked again
+    pid_of: dict[int, int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.pid_of = {node: pid for pid, node in self.node_of.items()}
+
+    def nodes(self, pids: Iterable[int]) -> list[int]:
+        return [self.node_of[p] for p in pids]
+
+
+def connect(grid: Grid, num_clients: int, traffic: Traffic, wait_s: float = NODE_WAIT_S,
+            handshake: ConfigRecord | None = None, timeout: float | None = None) -> Federation:
+    """Wait up to ``wait_s`` for ``num_clients`` nodes, ask each which partition it serves
+    (sending ``handshake``, waiting up to ``timeout`` seconds for the answers), check the
+    mapping. Extra nodes (a SuperLink may still list a SuperNode that just died) may fail or
+    serve other partitions, as long as every client of the run is served."""
+    deadline = time.monotonic() + wait_s
+    while len(nodes := list(grid.get_node_ids())) < num_clients and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if len(nodes) < num_clients:
+        raise ConfigError(
+            f"data.num_clients: the run has {num_clients} clients but the federation has {len(nodes)} "
+            f"SuperNodes after waiting faults.node_wait_s={wait_s:g} s; in simulation start it with "
+            f"num-supernodes={num_clients} (flwr run . --federation-config \"num-supernodes={num_clients}\"), "
+            f"in a deployment start {num_clients} SuperNodes, or set data.num_clients={len(nodes)}"
+        )
+    answers, failures = _ask_partitions(grid, nodes, traffic, handshake, timeout)
+    fed = Federation({}, {})
+    own: dict[int, bool] = {}
+    for pid, node, size, has_own in answers:
+        if not 0 <= pid < num_clients:
+            log(WARNING, "node %d serves partition %d, which is not part of this run: ignored", node, pid)
+            fed.strangers.add(node)
+            continue
+        if pid in fed.node_of:
+            raise ConfigError(f"partition-id {pid} is served by two nodes ({fed.node_of[pid]}, {node})")
+        fed.node_of[pid], fed.train_size[pid], own[node] = node, size, has_own
+    fed.__post_init__()
+    missing = sorted(set(range(num_clients)) - set(fed.node_of))
+    if missing:
+        failed = "; ".join(f"node {node}: {reason}" for node, reason in list(failures.items())[:5])
+        raise ConfigError(f"data.num_clients: no node serves partition ids {missing[:10]}"
+                          + (f" (failed start-up handshakes: {failed})" if failed else ""))
+    for node, reason in failures.items():
+        log(WARNING, "node %d failed its start-up handshake (every client is served by the others): %s", node, reason)
+    fed.strangers.update(failures)  # not asked again each round
+    fed.own_data = any(own.values())
+    if fed.own_data and not all(own.values()):
+        lacking = sorted(fed.pid_of[n] for n, has in own.items() if not has)
+        raise ConfigError(f"node config: the SuperNodes of partitions {lacking[:10]} have no data-path while the others "
+                          "load their own data; give every SuperNode a data-path (or none)")
+    return fed
+
+
+def rejoin(grid: Grid, fed: Federation, traffic: Traffic, handshake: ConfigRecord | None = None,
+           timeout: float | None = None) -> list[int]:
+    """Adopt nodes that connected after the start (a restarted SuperNode gets a new node id
+    but serves the same partition): handshake them (waiting up to ``timeout`` seconds) and map
+    their partitions to them. Returns the partition ids that moved to a new node."""
+    new = [n for n in grid.get_node_ids() if n not in fed.pid_of and n not in fed.strangers]
+    if not new:
+        return []
+    moved = []
+    answers, failures = _ask_partitions(grid, new, traffic, handshake, timeout)
+    for node, reason in failures.items():
+        log(WARNING, "node %d failed its handshake: %s", node, reason)
+    for pid, node, size, _ in answers:
+        if pid not in fed.node_of:
+            log(WARNING, "node %d serves partition %d, which is not part of this run: ignored", node, pid)
+            fed.strangers.add(node)
+            continue
+        log(INFO, "[flrep] client %d rejoined on node %d (was node %d)", pid, node, fed.node_of[pid])
+        fed.strangers.add(fed.node_of[pid])  # the old node is gone, though the SuperLink may list it a while
+        fed.node_of[pid], fed.train_size[pid] = node, size
+        moved.append(pid)
+    fed.__post_init__()
+    return moved
+
+
+def _ask_partitions(grid: Grid, nodes: list[int], traffic: Traffic, handshake: ConfigRecord | None,
+                    timeout: float | None = None) -> tuple[list[tuple[int, int, int, bool]], dict[int, str]]:
+    """(partition id, node id, training examples, own data) of every node that answers ``query.info``
+    within ``timeout`` seconds, and why each other node did not (node id -> reason)."""
+    messages = [Message(RecordDict({CONFIG: handshake or ConfigRecord()}), dst_node_id=node, message_type="query.info")
+                for node in nodes]
+    traffic.sent(messages, "handshake")
+    replies = list(grid.send_and_receive(messages, timeout=timeout))
+    traffic.received(replies, "handshake")
+    node_of_message = {msg.metadata.message_id: node for msg, node in zip(messages, nodes)}
+    asked = set(nodes)
+    answers, failures = [], {}
+    for rep in replies:
+        node = rep.metadata.src_node_id  # or, for an error made by the SuperLink, the node it was meant for
+        node = node if node in asked else node_of_message.get(rep.metadata.reply_to_message_id, node)
+        if rep.has_error():
+            failures[node] = rep.error.reason
+            continue
+        metrics = rep.content[METRICS]
+        answers.append((int(metrics["partition-id"]), node, int(metrics["num-train"]),
+                        bool(metrics.get("own-data", 0.0))))
+    answered = {node for _, node, _, _ in answers} | set(failures)
+    silent = "no answer" if timeout is None else f"no answer within {timeout:g} s"
+    failures.update({node: silent for node in nodes if node not in answered})
+    return answers, failures
+
+
+def exchange(grid: Grid, messages: list[Message], traffic: Traffic, fed: Federation, phase: str,
+             template: TemplateFn | None = None, timeout: float | None = None,
+             timer: PhaseTimer | None = None) -> tuple[list[Message], dict[int, str]]:
+    """Send, receive, count traffic and screen the replies (see :mod:`flower_app.app.reply_check`;
+    ``template`` gives the arrays a training reply must carry; the clients' timings go to ``timer``). Returns the sound replies,
+    sorted by partition id, and why each other client failed (partition id -> reason): an
+    error reply, no reply within ``timeout`` seconds, or a rejected reply."""
+    traffic.sent(messages, phase)
+    replies = list(grid.send_and_receive(messages, timeout=timeout))
+    if stop_requested():  # this process is ending: the replies may be failures the stop caused, never record them
+        threading.Event().wait()
+    traffic.received(replies, phase)
+    if timer is not None:
+        timer.take_client_times(replies, phase)
+    sent_by_id = {msg.metadata.message_id: msg for msg in messages}
+    failed: dict[int, str] = {}
+    good: list[tuple[int, Message]] = []
+    unmatched: list[str] = []  # errors of the SuperLink about messages it no longer knows
+    for rep in replies:
+        # an error made by the SuperLink (e.g. node unavailable) comes from the SuperLink's
+        # node id: the message it answers says which client it was for
+        sent = sent_by_id.get(rep.metadata.reply_to_message_id)
+        if sent is None and rep.has_error():
+            unmatched.append(rep.error.reason)
+            continue
+        node = sent.metadata.dst_node_id if sent is not None else rep.metadata.src_node_id
+        pid = fed.pid_of.get(node, -1)
+        if rep.has_error():
+            failed[pid] = f"error: {rep.error.reason}"
+        elif sent is None or rep.metadata.src_node_id != node:
+            failed[pid] = "reply to no message of this exchange"
+        else:
+            problem = reply_problem(rep, template(sent) if template is not None else None, phase == "train")
+            if problem:
+                failed[pid] = f"rejected: {problem}"
+            else:
+                good.append((pid, rep))
+                continue
+        log(WARNING, "%s: client %d (node %d) %s", phase, pid, node, failed[pid])
+    answered = {pid for pid, _ in good} | set(failed)
+    for msg in messages:
+        pid = fed.pid_of.get(msg.metadata.dst_node_id, -1)
+        if pid not in answered:
+            failed[pid] = "no reply" + "".join(f"; SuperLink: {reason}" for reason in dict.fromkeys(unmatched))
+            log(WARNING, "%s: client %d (node %d) %s", phase, pid, msg.metadata.dst_node_id, failed[pid])
+    # replies arrive in any order; aggregating them by partition id makes the floating-point
+    # sums, and so the whole run, repeat exactly for a seed
+    good.sort(key=lambda item: item[0])
+    return [rep for _, rep in good], dict(sorted(failed.items()))
+
+
+def metric_of(replies: Iterable[Message], fed: Federation, key: str) -> dict[int, float]:
+    """``key`` of each reply's MetricRecord, by partition id."""
+    out = {}
+    for rep in replies:
+        metrics = rep.content[METRICS] if METRICS in rep.content else {}
+        if key in metrics:
+            out[fed.pid_of[rep.metadata.src_node_id]] = float(np.asarray(metrics[key]))
+    return out

@@ -1,0 +1,1 @@
+"""The ``flrep`` commands around runs, one module per command."""

@@ -1,0 +1,61 @@
+"""``flrep reproduce``: a paper table's cells over seeds (:mod:`flower_app.reproduction.runner`), from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from flower_app.run.stop_signals import Stopped
+from task.errors import ConfigError
+
+
+def _cmd_reproduce(args: argparse.Namespace) -> int:
+    from flower_app.reproduction.tables import SCALES, load_table, table_names
+
+    try:
+        if args.list:
+            for name in table_names():
+                table = load_table(name)
+                cost = ", ".join(f"{s} {table.minutes(s) * len(args.seeds) / 60:.1f} h" for s in SCALES)
+                print(f"{name:28s} {len(table.cells):3d} cells  {len(args.seeds)} seeds: {cost}  {table.title}")
+            return 0
+        if not args.table or not args.out:
+            print("flrep: reproduce needs a table and --out DIR (or --list)", file=sys.stderr)
+            return 2
+        from flower_app.reproduction.runner import AppChanged, reproduce
+
+        out = Path(args.out).expanduser().resolve()
+        again = ["reproduce", args.table, "--scale", args.scale, "--seeds", *map(str, args.seeds), "--out", str(out),
+                 *(["--only", *args.only] if args.only else []), *(["--set", *args.set] if args.set else [])]
+        try:
+            return reproduce(load_table(args.table), args.scale, list(args.seeds), args.only, out, args.set or [])
+        except AppChanged as changed:
+            print(f"[reproduce] {changed}; starting the same command again with the new app", flush=True)
+            sys.stderr.flush()
+            os.execv(sys.executable, [sys.executable, "-m", "flower_app.cli", *again])
+        except Stopped as stop:
+            print(f"[reproduce] continue it with:\n  {shlex.join(['flrep', *again])}", file=sys.stderr)
+            return stop.exit_code
+    except ConfigError as err:
+        print(f"flrep: configuration error: {err}", file=sys.stderr)
+        return 2
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """The ``reproduce`` subcommand."""
+    rep = sub.add_parser("reproduce", help="run a paper table's cells over seeds (resumable) and write ours beside "
+                                           "the paper's: DIR/table.md, table.csv, table.png")
+    rep.add_argument("table", nargs="?", help="name of a file in conf/tables/ (without .yaml)")
+    rep.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds to run (default 0 1 2)")
+    rep.add_argument("--scale", choices=["paper", "cpu"], default="cpu",
+                     help="paper: the paper's setting; cpu: the table's declared reduction (default)")
+    rep.add_argument("--only", nargs="+", metavar="CELL", help="run only these cells")
+    rep.add_argument("--out", help="output directory (runs, table.md, table.csv, table.png)")
+    rep.add_argument("--set", nargs="+", metavar="KEY=VALUE",
+                     help="machine settings for every run (simulation.*, client_state.*, wandb.*), "
+                          "e.g. simulation.client_gpus=0.1 on a GPU")
+    rep.add_argument("--list", action="store_true", help="list the tables and their estimated cost on a 2-core CPU")
+    rep.set_defaults(func=_cmd_reproduce)

@@ -1,0 +1,59 @@
+"""``flrep run``: an experiment in Flower's simulation engine, until it ends; the exit code says how it went."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+
+from flower_app.commands.common import (command_start, first_second_check, prepare_run, resume_command,
+                                         run_outcome, summary_stamp)
+from flower_app.run.stop_signals import Stopped
+
+
+def command(args: argparse.Namespace) -> int:
+    if not first_second_check(args):
+        return 2
+    from flower_app.run.console import say
+    from flower_app.app.outcome import COMMAND_START_ENV
+    from flower_app.run.simulation import check_resources, exit_interrupted, run_blocking
+
+    prepared = prepare_run(args, check=lambda cfg: check_resources(cfg.simulation))
+    if isinstance(prepared, int):
+        return prepared
+    overrides, cfg, out = prepared
+    before = summary_stamp(out)
+    os.environ[COMMAND_START_ENV] = str(command_start())  # the run counts the engine's start as start-up
+    say(f"starting Flower's simulation engine: {int(cfg.data.num_clients)} SuperNodes, "
+        f"{float(cfg.simulation.client_cpus):g} CPU(s) per ClientApp", command_start())
+    try:
+        run_blocking(args.experiment, overrides, int(cfg.data.num_clients),
+                     float(cfg.simulation.client_cpus), float(cfg.simulation.client_gpus))
+    except Stopped as stop:  # the engine is down; the ServerApp's thread would keep the process alive
+        print(f"flrep: run in {out} {stop}; continue it from its last checkpoint with:\n"
+              f"  {resume_command(args, out)}", file=sys.stderr)
+        exit_interrupted(stop.exit_code)
+    except SystemExit as err:
+        print(f"flrep: run failed: the simulation exited with code {err.code}", file=sys.stderr)
+        exit_interrupted(1)
+    except BaseException as err:  # noqa: BLE001 - report any failure as a non-zero exit
+        traceback.print_exc()
+        print(f"flrep: run failed: {type(err).__name__}: {err}", file=sys.stderr)
+        exit_interrupted(1)
+    code = run_outcome(out, before)
+    if code != 0:  # a failed simulation may leave threads waiting for replies: leave without joining them
+        exit_interrupted(code)
+    return code
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Its parser, as a subcommand of ``flrep``."""
+    run = sub.add_parser("run", help="run an experiment in Flower's simulation engine and wait for it")
+    run.add_argument("experiment", help="name of a file in conf/experiment/ (without .yaml)")
+    run.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. rounds=5 train.lr=0.1")
+    run.add_argument("--out", help="output directory (default: outputs/<experiment>-<timestamp>)")
+    run.add_argument("--force", action="store_true", help="move an earlier run in the output directory aside "
+                     "(to <dir>.old-<time>; nothing is deleted) instead of refusing to start")
+    run.add_argument("--verbose", action="store_true", help="also show Flower's and Ray's INFO lines and warnings")
+    run.set_defaults(func=command)

@@ -1,0 +1,309 @@
+"""``flrep reproduce``: run a paper table's cells over seeds, resumably, and write ours beside the paper's.
+
+Each (cell, seed) is one ``flrep run`` in ``DIR/runs/<cell>/seed<k>/`` (its log beside it as
+``seed<k>.log``): a completed run is kept and read, a checkpointed one is resumed, a started
+one without a checkpoint is moved aside (``--force``: never deleted) and run again, as is a run
+made with other settings than its cell's now or under an older ``revision`` of the table. After every
+run ``DIR/reproduce.json`` records what ran (machine, date, commit, wall time; for a resumed run
+also each earlier part, which may have run on another machine) and
+``DIR/table.md``, ``table.csv`` and ``table.png`` are rewritten from every completed run.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from flower_app.app import checkpoint
+from flower_app.run import run_dir, run_lock
+from flower_app.run.run_dir import read_summary, write_atomic
+from flower_app.run.stop_signals import Stopped, stopping_on_signals
+from flower_app.reproduction.report import claim_results, markdown, rows, table_csv
+from flower_app.reproduction.tables import Cell, Table
+from task.errors import ConfigError
+
+MANIFEST = "reproduce.json"
+MACHINE_SECTIONS = ("simulation", "client_state", "wandb")  # settings that place a run, never change its numbers
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run of a table: a cell at a seed."""
+
+    cell: Cell
+    seed: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.cell.name}/seed{self.seed}"
+
+
+def run_folder(out: Path, job: Job) -> Path:
+    return out / "runs" / job.cell.name / f"seed{job.seed}"
+
+
+def plan(table: Table, seeds: list[int], only: list[str] | None) -> list[Job]:
+    """The table's runs: every selected cell at every seed, cell by cell."""
+    unknown = sorted(set(only or ()) - set(table.cells))
+    if unknown:
+        raise ConfigError(f"--only {unknown[0]!r}: table {table.name!r} has no such cell; cells: {', '.join(table.cells)}")
+    cells = [c for c in table.cells.values() if not only or c.name in only]
+    return [Job(cell, seed) for cell in cells for seed in seeds]
+
+
+def machine_settings(settings: list[str]) -> list[str]:
+    """``--set`` overrides, refused unless each is ``KEY=VALUE`` under a section that only places a
+    run on this machine (GPU share, state folder, tracking), so a table never mixes settings."""
+    for item in settings:
+        key = item.split("=", 1)[0].strip()
+        if "=" not in item or key.split(".", 1)[0] not in MACHINE_SECTIONS:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE with KEY under {', '.join(MACHINE_SECTIONS)} "
+                              "(settings that change results belong in the table's cells)")
+    return list(settings)
+
+
+def check(table: Table, scale: str, jobs: list[Job], out: Path, settings: list[str] = ()) -> None:
+    """Every check before anything runs or is written: the output folder belongs to this table
+    and scale, and every cell's configuration loads."""
+    from flower_app.run.config import load_variants
+
+    manifest = load_manifest(out)
+    if manifest is not None and (manifest["table"], manifest["scale"]) != (table.name, scale):
+        raise ConfigError(f"{out / MANIFEST}: this folder holds table {manifest['table']!r} at scale "
+                          f"{manifest['scale']!r}, not {table.name!r} at {scale!r}; choose another --out")
+    for cell in {job.cell.name: job.cell for job in jobs}.values():
+        try:
+            load_variants(cell.experiment, [*cell.overrides_at(table, scale), *machine_settings(settings), "compare=[]"])
+        except ConfigError as err:
+            raise ConfigError(f"table {table.name!r}, cell {cell.name!r} ({cell.experiment}): {err}") from None
+
+
+def stale_keys(table: Table, scale: str, job: Job, folder: Path) -> list[str]:
+    """The keys whose values in ``folder``'s run config differ from what the job asks for now
+    (empty when the folder holds no run, or this job's). A key the run's config lacks (added to
+    the app later) counts as its default, so it is stale only where the job asks for another value."""
+    import yaml
+
+    from flower_app.run.config import load_config
+
+    path = folder / "config.yaml"
+    if not path.is_file():
+        return []
+    saved = yaml.safe_load(path.read_text()) or {}
+    wanted = load_config(job.cell.experiment, [*job.cell.overrides_at(table, scale), f"seed={job.seed}", "compare=[]"])
+    return checkpoint.config_differences(saved, wanted)
+
+
+def stale_reason(table: Table, scale: str, job: Job, folder: Path, manifest: dict) -> str | None:
+    """Why the run in ``folder`` no longer belongs to its cell (None: it does, or there is none):
+    other settings, or a table revision older than the table's now (a run recorded without one
+    is revision 1)."""
+    differing = stale_keys(table, scale, job, folder)
+    if differing:
+        return f"was run with other values of {', '.join(differing[:6])}"
+    revision = manifest["runs"].get(job.key, {}).get("revision", 1)
+    if run_dir.run_files(folder) and revision < table.revision:
+        return f"was run for revision {revision} of the table, which is now at revision {table.revision}"
+    return None
+
+
+def load_manifest(out: Path) -> dict | None:
+    path = out / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except ValueError as err:
+        raise ConfigError(f"{path}: unreadable ({err}); move it away or choose another --out") from None
+
+
+def command(table: Table, scale: str, job: Job, folder: Path, settings: list[str] = ()) -> list[str]:
+    """The ``flrep run`` command line of ``job``: resume a checkpointed run, else start it."""
+    args = [sys.executable, "-m", "flower_app.cli", "run", job.cell.experiment,
+            *job.cell.overrides_at(table, scale), f"seed={job.seed}", "compare=[]", *settings]
+    if (checkpoint.checkpoint_dir(folder) / checkpoint.SERVER_FILE).is_file():
+        return [*args, f"resume={folder}"]
+    return [*args, "--out", str(folder), *(["--force"] if folder.exists() else [])]
+
+
+def reproduce(table: Table, scale: str, seeds: list[int], only: list[str] | None, out: Path,
+              settings: list[str] = ()) -> int:
+    """Run the table's missing runs and write its report; the exit code (1 if a run failed).
+    ``settings``: machine-only overrides (``--set``) added to every run. A stop signal during a
+    run records it as interrupted, then :class:`Stopped` goes on."""
+    jobs = plan(table, seeds, only)
+    check(table, scale, jobs, out, settings)
+    with run_lock.hold(out):  # one command per table folder (each run locks its own folder)
+        return _run_jobs(table, scale, jobs, out, settings)
+
+
+def _run_jobs(table: Table, scale: str, jobs: list[Job], out: Path, settings: list[str]) -> int:
+    """:func:`reproduce` once its checks passed and it owns ``out``."""
+    from flower_app.tools.bench_round import commit, machine
+
+    manifest = load_manifest(out) or {"table": table.name, "scale": scale, "runs": {}}
+    here = {"machine": machine()}
+    for job in jobs:  # a run made with other settings, or by an older revision of the table, is kept aside
+        why = stale_reason(table, scale, job, run_folder(out, job), manifest)
+        if why:
+            moved = run_dir.move_aside(run_folder(out, job))
+            manifest["runs"].pop(job.key, None)
+            print(f"[reproduce] {job.key} {why}: moved to {moved}, to run again", flush=True)
+    keys = {j.key for j in jobs}
+    for key, why in missing_runs(table, out, manifest).items():
+        if key in keys:
+            print(f"[reproduce] {why}: it runs again", flush=True)
+    todo = [j for j in jobs if (read_summary(run_folder(out, j)) or {}).get("status") != "completed"]
+    print(f"[reproduce] {table.name} at scale {scale!r}: {len(jobs)} runs, {len(jobs) - len(todo)} already "
+          f"completed, {len(todo)} to run (estimated {_minutes(sum(j.cell.minutes.get(scale, 0) for j in todo))})",
+          flush=True)
+    failed, started, spent, estimated_done = [], time.monotonic(), 0.0, 0.0
+    for i, job in enumerate(todo):
+        folder = run_folder(out, job)
+        left = sum(j.cell.minutes.get(scale, 0) for j in todo[i:])
+        pace = spent / 60 / estimated_done if estimated_done > 0 else 1.0
+        print(f"[reproduce] run {i + 1}/{len(todo)}: {job.key} ({job.cell.label}) | elapsed "
+              f"{_minutes((time.monotonic() - started) / 60)} | ETA {_minutes(left * pace)}", flush=True)
+        cmd = command(table, scale, job, folder, settings)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        # every run left in the folder is of the table's revision now (older ones were moved aside):
+        # record it before the run starts, so that an interrupted run keeps it
+        here["commit"] = commit()  # the code this run starts with (a long table may span commits)
+        resumed = earlier_parts(manifest["runs"].get(job.key)) if cmd[-1].startswith("resume=") else []
+        part = {"revision": table.revision, "command": cmd[1:], "date": _now(), **here,
+                **({"earlier_parts": resumed} if resumed else {})}
+        manifest["runs"][job.key] = {"status": "started", **part}
+        _save_manifest(out, manifest)
+        t0 = time.monotonic()
+        with open(folder.parent / f"seed{job.seed}.log", "a") as log:
+            log.write(f"$ {' '.join(cmd)}\n")
+            log.flush()
+            try:
+                code = run_child(cmd, log)
+            except Stopped as stop:
+                manifest["runs"][job.key] = {"status": "interrupted", "wall_s": round(time.monotonic() - t0, 1), **part}
+                _save_manifest(out, manifest)
+                print(f"[reproduce] interrupted by {stop.name} during {job.key}", file=sys.stderr)
+                write_report(table, scale, out, manifest)
+                raise
+        seconds = time.monotonic() - t0
+        spent += seconds
+        estimated_done += job.cell.minutes.get(scale, 0)
+        summary = read_summary(folder)
+        status = (summary or {}).get("status") if code == 0 else "failed"
+        manifest["runs"][job.key] = {"status": status, "exit_code": code, "wall_s": round(seconds, 1),
+                                     **part, "date": _now()}
+        _save_manifest(out, manifest)
+        if status != "completed":
+            failed.append(job.key)
+            print(f"[reproduce] {job.key} failed (exit {code}); its log: {folder.parent / f'seed{job.seed}.log'}",
+                  file=sys.stderr, flush=True)
+        try:
+            write_report(table, scale, out, manifest)
+        except ConfigError as err:  # the run is recorded; this process's schema is older than the files
+            raise AppChanged(f"{job.key} is recorded as {status}, but the table could not be re-read ({err}): "
+                             "the app (conf/ or its code) changed while this command ran") from None
+    if not todo:
+        write_report(table, scale, out, manifest)
+    print(f"[reproduce] table in {out / 'table.md'}" + (f"; {len(failed)} runs failed: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
+class AppChanged(Exception):
+    """The app changed under a running ``flrep reproduce`` (its schema is older than ``conf/``):
+    every run so far is recorded, and the same command, started again, continues with the new app."""
+
+
+def earlier_parts(record: dict | None) -> list[dict]:
+    """The parts of a run that ``record`` left unfinished (started or interrupted, here or on
+    another machine), oldest first: what the record of its resumption keeps."""
+    if not record or record.get("status") not in ("started", "interrupted"):
+        return []
+    part = {k: record[k] for k in ("date", "commit", "machine", "wall_s", "command") if k in record}
+    return [*record.get("earlier_parts", []), part]
+
+
+def run_child(cmd: list[str], log) -> int:
+    """Run ``cmd`` (output to ``log``) and return its exit code. A stop signal to this process
+    (:mod:`flower_app.run.stop_signals`) is passed on to the child (``flrep run`` then stops its engine
+    and workers), which is waited for, killed only if it has not stopped within a minute; then
+    :class:`Stopped` goes on."""
+    with stopping_on_signals():
+        child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            return child.wait()
+        except Stopped as stop:
+            if child.poll() is None:
+                child.send_signal(stop.signum)
+                try:
+                    child.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+                    child.wait()
+            raise
+
+
+def _save_manifest(out: Path, manifest: dict) -> None:
+    write_atomic(out / MANIFEST, lambda tmp: Path(tmp).write_text(json.dumps(manifest, indent=1) + "\n"))
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _minutes(m: float) -> str:
+    return f"{m:.0f} min" if m < 120 else f"{m / 60:.1f} h"
+
+
+# -- the report -------------------------------------------------------------------------------
+
+
+def missing_runs(table: Table, out: Path, manifest: dict) -> dict[str, str]:
+    """run key -> why, for the runs ``manifest`` records as completed whose folder in ``out`` holds
+    no completed summary (made on another machine, or the folder was moved)."""
+    missing = {}
+    for key, record in manifest.get("runs", {}).items():
+        if record.get("status") != "completed" or key.partition("/")[0] not in table.cells:
+            continue
+        if (read_summary(out / "runs" / key) or {}).get("status") != "completed":
+            missing[key] = (f"{key} was recorded as completed on {str(record.get('date'))[:10]} (commit "
+                            f"{record.get('commit')}) but its folder runs/{key} is missing")
+    return missing
+
+
+def collect(table: Table, scale: str, out: Path, manifest: dict) -> tuple[dict[str, dict[int, dict]], list[str]]:
+    """cell -> seed -> summary of every completed run in ``out`` that still belongs to its cell, and
+    the completed runs left out, with why: made with other settings or under an older revision, or
+    recorded in ``manifest`` but not in ``out``."""
+    done: dict[str, dict[int, dict]] = {}
+    left_out = list(missing_runs(table, out, manifest).values())
+    for cell in table.cells:
+        for folder in sorted((out / "runs" / cell).glob("seed*")):
+            summary = read_summary(folder)
+            if not (folder.is_dir() and folder.name[4:].isdigit() and summary and summary.get("status") == "completed"):
+                continue
+            job = Job(table.cells[cell], int(folder.name[4:]))
+            why = stale_reason(table, scale, job, folder, manifest)
+            if why:
+                left_out.append(f"{job.key} {why}")
+            else:
+                done.setdefault(cell, {})[job.seed] = summary
+    return done, left_out
+
+
+def write_report(table: Table, scale: str, out: Path, manifest: dict) -> None:
+    """``table.md``, ``table.csv`` and ``table.png`` from every completed run in ``out``."""
+    done, left_out = collect(table, scale, out, manifest)
+    table_rows = rows(table, done)
+    claims = claim_results(table, done)
+    write_atomic(out / "table.md", lambda tmp: Path(tmp).write_text(markdown(table, scale, manifest, table_rows, claims, left_out)))
+    write_atomic(out / "table.csv", lambda tmp: Path(tmp).write_text(table_csv(table_rows)))
+    if any(r["n"] for r in table_rows):
+        from flower_app.results.plots import plot_table
+
+        plot_table(table, table_rows, out / "table.png")

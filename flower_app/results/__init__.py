@@ -1,0 +1,1 @@
+"""What a run leaves: its results files, plots, comparison tables and tracking."""

@@ -1,0 +1,85 @@
+"""What a user sees while a run goes: flrep's own lines, Flower's and Ray's chatter only with
+``--verbose``, colour only on a terminal, a progress bar over the rounds and short round lines
+(:mod:`flower_app.results.progress`) on a terminal.
+
+``flrep`` commands set :data:`VERBOSE_ENV` before the ServerApp starts, so the same choice
+holds in its simulation and in ``flwr run .`` (where the variable may be set by hand).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+import warnings
+
+from flwr.common.logger import ConsoleHandler, update_console_handler
+from flwr.supercore.logger import LOGGER_NAME
+
+VERBOSE_ENV = "FLREP_VERBOSE"
+#: Every line of flrep's own starts with this.
+TAG = "[flrep]"
+
+
+class _FlrepOnly(logging.Filter):
+    """Lets through flrep's own lines and every warning or error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or str(record.msg).startswith(TAG)
+
+
+def verbose_chosen() -> bool:
+    """Whether the command asked for Flower's and Ray's own lines (:data:`VERBOSE_ENV` is ``1``)."""
+    return os.environ.get(VERBOSE_ENV) == "1"
+
+
+def configure(verbose: bool | None = None) -> None:
+    """Set up the console: ``verbose`` (default: :func:`verbose_chosen`) shows Flower's INFO
+    lines and Ray's warnings; colour codes only when stderr is a terminal."""
+    if verbose is None:
+        verbose = verbose_chosen()
+    update_console_handler(colored=sys.stderr.isatty())
+    for handler in logging.getLogger(LOGGER_NAME).handlers:
+        if isinstance(handler, ConsoleHandler):
+            for old in [f for f in handler.filters if isinstance(f, _FlrepOnly)]:
+                handler.removeFilter(old)
+            if not verbose:
+                handler.addFilter(_FlrepOnly())
+    if not verbose:
+        warnings.filterwarnings("ignore", category=FutureWarning, module="ray")
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module="ray")
+
+
+def say(message: str, since: float | None = None) -> None:
+    """Print one flrep line to stderr (with the seconds since ``since``, a ``time.time()``)."""
+    suffix = f" ({time.time() - since:.1f}s since start)" if since is not None else ""
+    print(f"{TAG} {message}{suffix}", file=sys.stderr, flush=True)
+
+
+class RoundBar:
+    """A progress bar over the rounds when stderr is a terminal; nothing otherwise."""
+
+    def __init__(self, total: int, done: int) -> None:
+        self.bar = None
+        if sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=done, desc=f"{TAG} rounds", unit="round", leave=False,
+                            dynamic_ncols=True)
+
+    def advance(self, line: str, short: str) -> None:
+        """Log a round's ``line`` (on a terminal its ``short`` form, above the bar) and move the bar
+        on by a round."""
+        from flwr.common.logger import log
+
+        if self.bar is None:
+            log(logging.INFO, line)
+            return
+        with self.bar.external_write_mode():
+            log(logging.INFO, short)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

@@ -1,0 +1,271 @@
+"""A real Flower deployment on this machine: one ``flower-superlink``, N ``flower-supernode``
+processes on loopback, an experiment submitted with ``flwr run``, then a clean shutdown of
+exactly the processes it started (each in its own process group, so that a signal to
+``flrep``'s group reaches ``flrep`` alone). The shutdown also happens when ``flrep`` gets SIGTERM,
+SIGINT or SIGHUP (:class:`flower_app.run.stop_signals.Stopped`), or when its parent dies; and on Linux
+every started process gets SIGTERM if ``flrep`` itself is killed. ``<work>/processes.json`` lists
+the PIDs of what it started.
+
+Insecure by default; with the keys of :func:`flower_app.tools.certs.make_deployment_keys` the
+SuperLink serves TLS with SuperNode authentication and every SuperNode's public key is
+registered before it starts. Logs go to ``<work>/<process>.log``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import random
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from flower_app.tools.certs import DeploymentKeys
+from flower_app.run.config import PROJECT_DIR as APP_DIR
+from flower_app.run.run_dir import write_atomic
+from flower_app.run.stop_signals import stopping_on_signals
+from strategies.state_store import SIMULATION_ENV
+from task.errors import ConfigError
+
+CONNECTION = "flrep-local"
+ENV = {"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
+
+
+def tool(name: str) -> str:
+    """The Flower command ``name`` of this Python environment (else the one on PATH)."""
+    here = Path(sys.executable).parent / name
+    if here.is_file():
+        return str(here)
+    found = shutil.which(name)
+    if found is None:
+        raise ConfigError(f"{name} not found: install the app (pip install -e .) in this environment")
+    return found
+
+
+#: The kernel's range of ports for outgoing connections (Linux's default where it cannot be read).
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on, below the kernel's ephemeral range when
+    there is room: a port of that range may be taken by an outgoing connection (a SuperNode's, a
+    ClientApp's) between this check and the moment the server binds it."""
+    try:
+        low = int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for port in random.sample(range(10000, low), min(50, max(low - 10000, 0))):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as sock:  # no room below the range: any port the kernel gives
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_port(address: str, seconds: float, what: str, process: subprocess.Popen | None = None,
+                  log: Path | None = None) -> None:
+    """Wait until ``host:port`` accepts connections; a clear error when it never does."""
+    host, port = address.rsplit(":", 1)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"{what} exited with status {process.returncode}{_log_tail(log)}")
+        try:
+            with socket.create_connection((host, int(port)), timeout=1.0):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise ConfigError(f"{what} at {address} is unreachable after {seconds:g} s{_log_tail(log)}")
+
+
+def _log_tail(log: Path | None, lines: int = 8) -> str:
+    if log is None or not log.is_file():
+        return ""
+    return "; its log ends:\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def check_files(**paths: Path | None) -> None:
+    """Every given file must exist (named by its option in the error)."""
+    for option, path in paths.items():
+        if path is not None and not Path(path).is_file():
+            raise ConfigError(f"{option.replace('_', '-')}: {path} does not exist")
+
+
+def _watch_parent(parent: int, stop: threading.Event) -> None:
+    """SIGTERM to this process when its parent dies (it is re-parented), so the deployment stops."""
+    while not stop.wait(1.0):
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+
+
+try:  # loaded here, not in the forked child: importing there may deadlock
+    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
+except (OSError, AttributeError):
+    _PRCTL = None
+
+
+def _die_with_parent() -> None:
+    """In a started child (Linux): get SIGTERM when the process that started it dies, even by SIGKILL."""
+    if _PRCTL is not None:
+        _PRCTL(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+
+
+class LocalDeployment:
+    """SuperLink + SuperNodes on loopback; use as a context manager (stops what it started)."""
+
+    def __init__(self, work: Path, keys: DeploymentKeys | None = None) -> None:
+        self.work = work.resolve()
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.keys = keys
+        if keys is not None:
+            check_files(ssl_ca_certfile=keys.ca, ssl_certfile=keys.server_cert, ssl_keyfile=keys.server_key)
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.node_ports: dict[str, int] = {}  # SuperNode name -> port of its Runtime API
+        self.home = self.work / "flwr-home"
+        self._write_connection()
+
+    def __enter__(self) -> LocalDeployment:
+        self._signals = stopping_on_signals()  # a stop signal raises Stopped here, and __exit__ stops the rest
+        self._signals.__enter__()
+        self._watching = threading.Event()
+        if threading.current_thread() is threading.main_thread():
+            threading.Thread(target=_watch_parent, args=(os.getppid(), self._watching), daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.stop()
+        finally:
+            self._watching.set()
+            self._signals.__exit__(None, None, None)
+
+    def _env(self) -> dict[str, str]:
+        """Flower's processes start more of its commands: they must find this environment's."""
+        path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+        env = {**os.environ, **ENV, "FLWR_HOME": str(self.home), "PATH": path}
+        env.pop(SIMULATION_ENV, None)  # these are real nodes: each keeps to its own disk
+        return env
+
+    def _write_connection(self) -> None:
+        """The ``flwr`` CLI's connection to this SuperLink (in a private FLWR_HOME)."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        security = (f'root-certificates = "{self.keys.ca.resolve()}"' if self.keys is not None else "insecure = true")
+        (self.home / "config.toml").write_text(
+            f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\naddress = "{self.address}"\n{security}\n')
+
+    def _start(self, name: str, args: list[str]) -> subprocess.Popen:
+        log = self.work / f"{name}.log"
+        with log.open("w") as fh:
+            process = subprocess.Popen(args, stdout=fh, stderr=subprocess.STDOUT, env=self._env(), cwd=APP_DIR,
+                                       start_new_session=True, preexec_fn=_die_with_parent)
+        self.processes[name] = process
+        self._write_pids()
+        return process
+
+    def _write_pids(self) -> None:
+        """``processes.json``: name -> PID (each the leader of its own process group), replaced
+        atomically so that a reader never sees it half written."""
+        pids = json.dumps({n: p.pid for n, p in self.processes.items()})
+        write_atomic(self.work / "processes.json", lambda tmp: tmp.write_text(pids))
+
+    def start_superlink(self, wait_s: float = 60.0) -> None:
+        """Start the SuperLink and wait until its port answers."""
+        args = [tool("flower-superlink"), "--port", str(self.port), "--disable-runtime-dependency-installation"]
+        if self.keys is None:
+            args.append("--insecure")
+        else:
+            args += ["--ssl-ca-certfile", str(self.keys.ca), "--ssl-certfile", str(self.keys.server_cert),
+                     "--ssl-keyfile", str(self.keys.server_key), "--enable-supernode-auth"]
+        process = self._start("superlink", args)
+        wait_for_port(self.address, wait_s, "the SuperLink", process, self.work / "superlink.log")
+
+    def register(self, public_key: Path) -> int:
+        """Register a SuperNode's public key with the SuperLink; its node id."""
+        out = subprocess.run([tool("flwr"), "supernode", "register", str(public_key), CONNECTION, "--format", "json"],
+                             capture_output=True, text=True, env=self._env(), cwd=APP_DIR, timeout=60)
+        try:
+            answer = json.loads(out.stdout)
+        except json.JSONDecodeError:
+            answer = {"success": False, "error-message": out.stdout + out.stderr}
+        if not answer.get("success"):
+            raise RuntimeError(f"registering {public_key} failed: {answer.get('error-message')}")
+        return int(answer["node-id"])
+
+    def start_supernode(self, index: int, node_config: dict[str, object], private_key: Path | None = None,
+                        name: str | None = None) -> subprocess.Popen:
+        """Start SuperNode ``index`` with ``node_config`` (authenticated with ``private_key`` under TLS)."""
+        name = name or f"supernode-{index}"
+        self.node_ports[name] = free_port()
+        args = [tool("flower-supernode"), "--superlink", self.address, "--port", str(self.node_ports[name]),
+                "--node-config", node_config_text(node_config)]
+        if self.keys is None:
+            args.append("--insecure")
+        else:
+            args += ["--root-certificates", str(self.keys.ca)]
+            if private_key is not None:
+                check_files(auth_supernode_private_key=private_key)
+                args += ["--auth-supernode-private-key", str(private_key)]
+        return self._start(name, args)
+
+    def wait_for_supernodes(self, wait_s: float = 60.0) -> None:
+        """Wait until every running SuperNode serves its Runtime API; one that exited (a port
+        taken, a bad flag) is named with its log."""
+        for name, port in self.node_ports.items():
+            if name in self.processes:
+                wait_for_port(f"127.0.0.1:{port}", wait_s, name, self.processes[name], self.work / f"{name}.log")
+
+    def run(self, experiment: str, overrides: list[str], timeout_s: float | None = None) -> None:
+        """Once the SuperNodes are up, submit the experiment to the SuperLink and stream its logs
+        until it ends."""
+        self.wait_for_supernodes()
+        config = f"experiment={json.dumps(experiment)} overrides={json.dumps(shlex.join(overrides))}"
+        args = [tool("flwr"), "run", str(APP_DIR), CONNECTION, "--run-config", config, "--stream"]
+        process = self._start("run", args)  # logs in run.log; stopped with the rest if flrep is stopped
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _signal_group(process, signal.SIGKILL)
+            raise
+
+    def stop(self, name: str | None = None) -> None:
+        """Stop one process (by name) or all of them, SuperNodes first; SIGTERM, then SIGKILL."""
+        names = [name] if name is not None else sorted(self.processes, key=lambda n: n == "superlink")
+        for key in names:
+            process = self.processes.pop(key)
+            if process.poll() is None:
+                _signal_group(process, signal.SIGTERM)
+                try:
+                    process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    _signal_group(process, signal.SIGKILL)
+            _signal_group(process, signal.SIGKILL)  # children left in the group (ClientApp processes)
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # not reaped yet; SIGKILL has been sent, go on with the others
+                pass
+
+
+def _signal_group(process: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(process.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def node_config_text(values: dict[str, object]) -> str:
+    """``--node-config`` text: strings quoted, numbers bare."""
+    return " ".join(f"{k}={json.dumps(v) if isinstance(v, str) else v}" for k, v in values.items())
