@@ -1,6 +1,6 @@
 """The narrow view of a running experiment that server hooks and paper protocols work with.
 
-The round loop implements it (:class:`flower_app.services.RunServices`); hooks never see the
+The round loop implements it (:class:`flower_app.app.services.RunServices`); hooks never see the
 loop itself. Everything a hook may do to the run goes through these members: talk to clients
 (replies screened, failures recorded), read or replace the global arrays, evaluate on the
 server's copy of the data, run or record a round.
