@@ -15,6 +15,7 @@ disk, so a restarted SuperNode of the same run finds it again;
 from __future__ import annotations
 
 import os
+import sys
 from logging import INFO
 from pathlib import Path
 
@@ -38,10 +39,26 @@ def in_simulation() -> bool:
     return os.environ.get(SIMULATION_ENV) == "1"
 
 
+def on_cluster(cfg) -> bool:
+    """Whether this process serves simulated nodes on a Ray cluster (``simulation.ray_address``): then
+    every array a client keeps stays in ``context.state``, which the engine carries to whichever node
+    serves the client next; only files (TCT's features) go to :func:`state_root`."""
+    if not cfg.simulation.ray_address:
+        return False
+    ray = sys.modules.get("ray")  # flwr run's simulated nodes: Ray workers without flrep's mark
+    return in_simulation() or (ray is not None and ray.is_initialized())
+
+
 def state_root(cfg) -> Path:
-    """The run config's folder for state files: ``client_state.dir`` or ``<data.cache_dir>/client-state``
-    (the server's files; simulated nodes', which share the server's disk)."""
-    return Path(str(cfg.client_state.dir or Path(str(cfg.data.cache_dir)).expanduser() / "client-state")).expanduser()
+    """The run config's folder for state files: ``client_state.dir``; else on a Ray cluster
+    ``<run folder>/client-state`` (a folder every node shares, checked at start), elsewhere
+    ``<data.cache_dir>/client-state`` (the server's files; simulated nodes', which share the server's disk)."""
+    if cfg.client_state.dir:
+        return Path(str(cfg.client_state.dir)).expanduser()
+    run_folder = cfg.resume or cfg.out_dir
+    if cfg.simulation.ray_address and run_folder:
+        return Path(str(run_folder)).expanduser() / "client-state"
+    return Path(str(cfg.data.cache_dir)).expanduser() / "client-state"
 
 
 def node_home(node_state_dir: str | None) -> Path:
@@ -71,7 +88,7 @@ def keep_arrays(rt: ClientRuntime, name: str, tensors: dict[str, torch.Tensor]) 
     """Keep ``tensors`` for this client under ``name`` (memory or disk by size)."""
     size = sum(t.numel() * t.element_size() for t in tensors.values())
     key = rt.state_key(name)
-    if rt.state_dir is None and size <= int(rt.cfg.client_state.disk_above_bytes):
+    if rt.state_dir is None and (size <= int(rt.cfg.client_state.disk_above_bytes) or on_cluster(rt.cfg)):
         rt.state[key] = ArrayRecord({k: t.detach().cpu() for k, t in tensors.items()})
         return
     path = node_file(rt, name)

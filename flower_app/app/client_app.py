@@ -21,12 +21,13 @@ from flwr.clientapp import ClientApp
 from flwr.clientapp.client_app import DEFAULT_ACTION
 
 from flower_app.app.client_checkpoint import snapshot_mod
+from flower_app.app.federation import mark_node
 from flower_app.run.config import head_groups, initial_model, pick_device, run_config_of
 from flower_app.app.timing import stamp
 from protocols import PROTOCOLS
 from strategies import ALGORITHMS
 from strategies.common import ARRAYS, ClientRuntime, reply, round_config
-from strategies.state_store import NODE_CACHE, in_simulation
+from strategies.state_store import NODE_CACHE, in_simulation, on_cluster
 from task.learning.engine import TensorData, derived_seed, fast_layout, precision
 from task.learning.fairness import attribute_matrix
 from task.errors import ConfigError
@@ -182,6 +183,10 @@ def _route(msg: Message, context: Context) -> Message:
         content = handler(rt, msg.content)
     stamp(content, "setup_s", ready - start)
     stamp(content, "compute_s", time.perf_counter() - ready)
+    if on_cluster(rt.cfg):
+        import ray
+
+        mark_node(content, ray.get_runtime_context().get_node_id()[:12])
     return Message(content=content, reply_to=msg)
 
 

@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 from flower_app.app import checkpoint
 from flower_app.run import run_dir
 from flower_app.run.console import RoundBar
+from flower_app.run.ray_cluster import refuse_unnamed_cluster
 from flower_app.run.config import clients_per_round, pick_device, validate_with_data
 from flower_app.app.outcome import (command_startup_s, describe_window, no_better_than_chance,
                                       no_final_metric, output_dir, skipped_too_many)
@@ -209,6 +210,7 @@ class Experiment:
             fed = connect(self.grid, self.data.num_clients, self.traffic, float(self.cfg.faults.node_wait_s),
                           self.handshake(self.next_round - 1 if self.resumed is not None else -1),
                           self.services.reply_timeout)
+        refuse_unnamed_cluster(self.cfg.simulation.ray_address)  # after the handshake: the engine's Ray is up
         self.fed = fed
         if self.resumed is not None:
             self.strategy.load_state_dict(self.resumed["strategy"], fed.node_of)

@@ -22,6 +22,7 @@ from strategies.services import TemplateFn
 from task.errors import ConfigError
 
 NODE_WAIT_S = 10.0  # simulation registers all nodes before the ServerApp starts
+NODE_MARK = "ray-node/"  # reply-metric key prefix: the Ray node that served the reply (on a cluster)
 
 
 def payload_size(content: RecordDict) -> tuple[int, int]:
@@ -34,6 +35,23 @@ def payload_size(content: RecordDict) -> tuple[int, int]:
     return params, nbytes
 
 
+def mark_node(content: RecordDict, node: str) -> None:
+    """Say in a reply's metrics which Ray node served it (on a cluster; taken out by :class:`Traffic`)."""
+    if METRICS in content.metric_records:
+        content[METRICS][NODE_MARK + node] = 1
+
+
+def take_node_mark(content: RecordDict) -> str | None:
+    """The Ray node a reply says served it (the mark removed before anything aggregates the metrics)."""
+    if METRICS not in content.metric_records:
+        return None
+    metrics = content[METRICS]
+    marks = [k for k in metrics.keys() if k.startswith(NODE_MARK)]
+    for key in marks:
+        del metrics[key]
+    return marks[0][len(NODE_MARK):] if marks else None
+
+
 @dataclass
 class Traffic:
     """Parameters and bytes that actually crossed the wire, per direction."""
@@ -43,6 +61,7 @@ class Traffic:
     bytes_down: int = 0
     bytes_up: int = 0
     by_phase: dict[str, int] = field(default_factory=dict)  # parameters both ways, per phase
+    served_by: dict[str, int] = field(default_factory=dict)  # on a Ray cluster: replies per Ray node
 
     def sent(self, messages: Iterable[Message], phase: str = "other") -> None:
         for msg in messages:
@@ -58,10 +77,14 @@ class Traffic:
                 self.params_up += p
                 self.bytes_up += b
                 self.by_phase[phase] = self.by_phase.get(phase, 0) + p
+                node = take_node_mark(msg.content)
+                if node is not None:
+                    self.served_by[node] = self.served_by.get(node, 0) + 1
 
-    def as_dict(self) -> dict[str, int]:
-        """The four running totals (per-phase counts: ``by_phase``)."""
-        return {k: v for k, v in vars(self).items() if k != "by_phase"}
+    def as_dict(self) -> dict:
+        """The four running totals, and on a Ray cluster the replies per Ray node (per-phase counts: ``by_phase``)."""
+        totals = {k: v for k, v in vars(self).items() if k not in ("by_phase", "served_by")}
+        return totals | ({"served_by": dict(self.served_by)} if self.served_by else {})
 
 
 class NodeSubset:

@@ -17,19 +17,20 @@ def command(args: argparse.Namespace) -> int:
         return 2
     from flower_app.run.console import say
     from flower_app.app.outcome import COMMAND_START_ENV
-    from flower_app.run.simulation import check_resources, exit_interrupted, run_blocking
+    from flower_app.run.simulation import check_simulation, exit_interrupted, run_blocking
 
-    prepared = prepare_run(args, check=lambda cfg: check_resources(cfg.simulation))
+    prepared = prepare_run(args, check=check_simulation)
     if isinstance(prepared, int):
         return prepared
     overrides, cfg, out = prepared
     before = summary_stamp(out)
     os.environ[COMMAND_START_ENV] = str(command_start())  # the run counts the engine's start as start-up
-    say(f"starting Flower's simulation engine: {int(cfg.data.num_clients)} SuperNodes, "
+    where = f" on the Ray cluster at {cfg.simulation.ray_address}" if cfg.simulation.ray_address else ""
+    say(f"starting Flower's simulation engine{where}: {int(cfg.data.num_clients)} SuperNodes, "
         f"{float(cfg.simulation.client_cpus):g} CPU(s) per ClientApp", command_start())
     try:
         run_blocking(args.experiment, overrides, int(cfg.data.num_clients),
-                     float(cfg.simulation.client_cpus), float(cfg.simulation.client_gpus))
+                     float(cfg.simulation.client_cpus), float(cfg.simulation.client_gpus), cfg.simulation.ray_address)
     except Stopped as stop:  # the engine is down; the ServerApp's thread would keep the process alive
         print(f"flrep: run in {out} {stop}; continue it from its last checkpoint with:\n"
               f"  {resume_command(args, out)}", file=sys.stderr)

@@ -134,6 +134,7 @@ class SimulationConfig:
     client_cpus: float = positive()
     client_gpus: float = nonnegative()
     device: Literal["auto", "cpu", "cuda"] = MISSING
+    ray_address: Optional[str] = MISSING
 
 
 @dataclass

@@ -28,13 +28,16 @@ from omegaconf import DictConfig
 
 from flower_app.run.config import PROJECT_DIR as APP_DIR
 from flower_app.run.console import verbose_chosen
+from flower_app.run.ray_cluster import alive_nodes, check_fits, check_nodes, join
 from flower_app.run.stop_signals import catch, stopping_on_signals
 from strategies.state_store import SIMULATION_ENV
 from task.errors import ConfigError
 
 
-def run_blocking(experiment: str, overrides: list[str], num_supernodes: int, client_cpus: float, client_gpus: float) -> None:
-    """Run the app in the simulation engine until it ends; raise if the ServerApp failed."""
+def run_blocking(experiment: str, overrides: list[str], num_supernodes: int, client_cpus: float, client_gpus: float,
+                 ray_address: str | None = None) -> None:
+    """Run the app in the simulation engine until it ends; raise if the ServerApp failed. With
+    ``ray_address`` the engine runs on that Ray cluster (:mod:`flower_app.run.ray_cluster`)."""
     # the engine's modules (Ray among them) load here, after the configuration was checked
     from flwr.app import Context, RecordDict
     from flwr.common.config import get_fused_config_from_dir, get_project_config
@@ -67,12 +70,13 @@ def run_blocking(experiment: str, overrides: list[str], num_supernodes: int, cli
     os.environ[SIMULATION_ENV] = "1"  # the simulated nodes (Ray workers inherit it) share this machine's disk
     backend_config = {
         "client_resources": {"num_cpus": client_cpus, "num_gpus": client_gpus},
-        # the ClientApps' own output (Ray's worker lines) reaches this process only with --verbose;
-        # their failures come back in their replies and are logged here
-        "init_args": {"logging_level": "ERROR", "log_to_driver": verbose_chosen()},
+        "init_args": engine_init_args(),
     }
     with stopping_on_signals():
-        _start_ray(backend_config["init_args"])
+        if ray_address:
+            join(ray_address, backend_config["init_args"])
+        else:
+            _start_ray(backend_config["init_args"])
         catch(on_stop=_quiet_engine)  # after Ray's SIGTERM handlers (a C++ stack dump, then exit 1 or 15)
         _run_simulation(
             num_supernodes=num_supernodes,
@@ -85,6 +89,12 @@ def run_blocking(experiment: str, overrides: list[str], num_supernodes: int, cli
             server_app_context=context,
             is_app=True,
         )
+
+
+def engine_init_args() -> dict[str, object]:
+    """Ray's start options: quiet, and the ClientApps' output (Ray's worker lines) reaches this
+    process only with --verbose (their failures come back in their replies and are logged here)."""
+    return {"logging_level": "ERROR", "log_to_driver": verbose_chosen()}
 
 
 def _start_ray(init_args: dict[str, object]) -> None:
@@ -111,11 +121,16 @@ def _quiet_engine() -> None:
 
 
 def check_resources(sim: DictConfig) -> None:
-    """The ``simulation.*`` resources of each simulated ClientApp fit this machine (else Ray's
-    actor pool stays empty and the run would wait forever), and clients meant to use a GPU get a
-    share of one (Ray hides the GPUs from a ClientApp that asks for none): a ConfigError naming
-    the key. ``device=auto`` with a GPU but no share only warns: the clients compute on the CPU."""
+    """The ``simulation.*`` resources of each simulated ClientApp fit this machine, or a node of the
+    Ray cluster at ``simulation.ray_address`` (joined here) (else Ray's actor pool stays empty and the
+    run would wait forever), and clients meant to use a GPU get a share of one (Ray hides the GPUs
+    from a ClientApp that asks for none): a ConfigError naming the key. ``device=auto`` with a GPU
+    but no share only warns: the clients compute on the CPU."""
     client_cpus, client_gpus = float(sim.client_cpus), float(sim.client_gpus)
+    if sim.ray_address:
+        join(str(sim.ray_address), engine_init_args())
+        check_fits(client_cpus, client_gpus, alive_nodes())
+        return
     cores = os.cpu_count() or 1
     if client_cpus > cores:
         raise ConfigError(f"simulation.client_cpus={client_cpus:g}: this machine has {cores} CPU cores; "
@@ -137,6 +152,17 @@ def check_resources(sim: DictConfig) -> None:
             raise ConfigError(f"simulation.device=cuda with simulation.client_gpus=0: {hint}")
         log(WARNING, "[flrep] simulation.client_gpus=0: the clients compute on the CPU although this machine has "
             "%d GPU(s); %s", gpus, hint)
+
+
+def check_simulation(cfg: DictConfig) -> None:
+    """:func:`check_resources`, and on a Ray cluster the start-up check of every node
+    (:func:`flower_app.run.ray_cluster.check_nodes`) for this run's data and folder."""
+    check_resources(cfg.simulation)
+    if cfg.simulation.ray_address:
+        from flower_app.app.outcome import output_dir
+
+        local = str(cfg.data.source) == "local"
+        check_nodes(str(cfg.data.name) if local else None, cfg.data.root if local else None, output_dir(cfg))
 
 
 def exit_interrupted(code: int) -> NoReturn:

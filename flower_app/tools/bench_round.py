@@ -86,7 +86,7 @@ def bench_round(experiment: str, overrides: list[str], rounds: int) -> dict:
         started = time.time()
         with TreeMemory() as memory:
             run_blocking(experiment, items, int(cfg.data.num_clients), float(cfg.simulation.client_cpus),
-                         float(cfg.simulation.client_gpus))
+                         float(cfg.simulation.client_gpus), cfg.simulation.ray_address)
         ended = time.time()
         summary = json.loads((out / "summary.json").read_text())
     if summary.get("status") != "completed":
