@@ -264,9 +264,8 @@ def test_client_resources_beyond_the_machine_are_refused(override, key, tmp_path
     assert code == 2 and key in err and "this machine has" in err and not (tmp_path / "run").exists()
 
 
-def test_clients_meant_for_a_gpu_need_a_share_of_one(monkeypatch, caplog):
-    """On a GPU machine Ray hides the GPUs from ClientApps with client_gpus=0 (checked with a
-    pretend GPU, so it runs on CPU-only machines too)."""
+def test_gpu_shares_beyond_the_machine_are_refused(monkeypatch):
+    """Checked with a pretend GPU, so it runs on CPU-only machines too."""
     import torch
     from omegaconf import OmegaConf
 
@@ -274,16 +273,14 @@ def test_clients_meant_for_a_gpu_need_a_share_of_one(monkeypatch, caplog):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    sim = OmegaConf.create({"client_cpus": 1, "client_gpus": 0.0, "device": "cuda"})
-    with pytest.raises(ConfigError, match="simulation.device=cuda with simulation.client_gpus=0"):
-        check_resources(sim)
-    sim.device = "auto"
-    check_resources(sim)
-    assert "clients compute on the CPU" in caplog.text
-    sim.client_gpus = 0.25  # four ClientApps share the GPU
-    check_resources(sim)
+    sim = OmegaConf.create({"client_cpus": 1, "client_gpus": 0.25, "device": "cuda"})
+    check_resources(sim)  # four ClientApps share the GPU
     sim.client_gpus = 2.0
     with pytest.raises(ConfigError, match="simulation.client_gpus=2: this machine has 1 CUDA GPU"):
+        check_resources(sim)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    sim.client_gpus = 0.0
+    with pytest.raises(ConfigError, match="simulation.device=cuda, but torch sees no CUDA GPU"):
         check_resources(sim)
 
 

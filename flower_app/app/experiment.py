@@ -20,7 +20,7 @@ from flower_app.app import checkpoint
 from flower_app.run import run_dir
 from flower_app.run.console import RoundBar
 from flower_app.run.ray_cluster import refuse_unnamed_cluster
-from flower_app.run.config import clients_per_round, pick_device, validate_with_data
+from flower_app.run.config import clients_per_round, server_device, validate_with_data
 from flower_app.app.outcome import (command_startup_s, describe_window, no_better_than_chance,
                                       no_final_metric, output_dir, skipped_too_many)
 from flower_app.app.federation import Federation, NodeSubset, Traffic, connect, rejoin
@@ -63,7 +63,7 @@ class Experiment:
         self.resumed = checkpoint.load(self.out_dir, cfg) if cfg.resume else None
         if self.resumed is None:
             run_dir.claim(self.out_dir)  # a new run never overwrites another
-        self.evaluator = ServerEvaluator(self.data, self.model, pick_device(cfg), int(cfg.eval.batch_size))
+        self.evaluator = ServerEvaluator(self.data, self.model, server_device(cfg), int(cfg.eval.batch_size))
         self.strategy: ServerHooks = self.algorithm.make_strategy(cfg)
         # every check is done: from here on the run writes to its directory
         self.run_token = self.resumed["run_token"] if self.resumed else uuid.uuid4().hex[:12]

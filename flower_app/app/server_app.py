@@ -17,7 +17,7 @@ from flower_app.app import checkpoint
 
 from flower_app.run import console, run_dir, run_lock
 from flower_app.results.comparison import comparison_table, write_comparison
-from flower_app.run.config import pick_device, validate_with_data, variants_from_run_config
+from flower_app.run.config import server_device, validate_with_data, variants_from_run_config
 from flower_app.app.experiment import Experiment
 from flower_app.app.outcome import output_dir
 from strategies.checks import require
@@ -34,7 +34,7 @@ def preflight(variants: tuple[DictConfig, ...], force: bool = False) -> Path | N
     checks passed, an earlier run in the directory is moved aside; returns where it went."""
     for cfg in variants:
         validate_with_data(cfg)
-        pick_device(cfg)
+        server_device(cfg)
     base = output_dir(variants[0])
     moved = None
     if not variants[0].resume:

@@ -17,7 +17,7 @@ def command(args: argparse.Namespace) -> int:
         return 2
     from flower_app.run.console import say
     from flower_app.app.outcome import COMMAND_START_ENV
-    from flower_app.run.simulation import check_simulation, exit_interrupted, run_blocking
+    from flower_app.run.simulation import check_simulation, client_gpus_of, exit_interrupted, run_blocking
 
     prepared = prepare_run(args, check=check_simulation)
     if isinstance(prepared, int):
@@ -30,7 +30,7 @@ def command(args: argparse.Namespace) -> int:
         f"{float(cfg.simulation.client_cpus):g} CPU(s) per ClientApp", command_start())
     try:
         run_blocking(args.experiment, overrides, int(cfg.data.num_clients),
-                     float(cfg.simulation.client_cpus), float(cfg.simulation.client_gpus), cfg.simulation.ray_address)
+                     float(cfg.simulation.client_cpus), client_gpus_of(cfg.simulation), cfg.simulation.ray_address)
     except Stopped as stop:  # the engine is down; the ServerApp's thread would keep the process alive
         print(f"flrep: run in {out} {stop}; continue it from its last checkpoint with:\n"
               f"  {resume_command(args, out)}", file=sys.stderr)

@@ -285,3 +285,22 @@ def pick_device(cfg: DictConfig):
     require(cfg.simulation.device != "cuda" or torch.cuda.is_available(), "simulation.device",
             "cuda, but torch sees no CUDA GPU on this machine; use auto or cpu")
     return torch.device(cfg.simulation.device)
+
+
+def server_device(cfg: DictConfig):
+    """The device of the ServerApp's own evaluation: ``eval.server_device`` (``cpu``, ``cuda`` or
+    ``cuda:N``, N counted in ``CUDA_VISIBLE_DEVICES``), else :func:`pick_device`."""
+    import torch
+
+    name = cfg.eval.server_device
+    if not name:
+        return pick_device(cfg)
+    require(name == "cpu" or name == "cuda" or (name.startswith("cuda:") and name[5:].isdigit()), "eval.server_device",
+            f"{name!r} is not a device: use cpu, cuda or cuda:N")
+    if name == "cpu":
+        return torch.device("cpu")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index = int(name[5:]) if ":" in name else 0
+    require(index < count, "eval.server_device", f"{name}, but torch sees {count} CUDA GPU(s) on this machine "
+            "(CUDA_VISIBLE_DEVICES counts)")
+    return torch.device(name)

@@ -127,6 +127,7 @@ class EvalConfig:
     every: int = positive()
     final_window: int = nonnegative()
     batch_size: int = positive()
+    server_device: Optional[str] = MISSING
 
 
 @dataclass

@@ -16,11 +16,12 @@ stops the engine in order (see :mod:`flower_app.run.stop_signals`).
 from __future__ import annotations
 
 import functools
+import math
 import logging
 import os
 import shlex
 import sys
-from logging import WARNING
+from logging import INFO
 from typing import NoReturn
 
 from flwr.common.logger import log
@@ -122,12 +123,10 @@ def _quiet_engine() -> None:
 
 def check_resources(sim: DictConfig) -> None:
     """The ``simulation.*`` resources of each simulated ClientApp fit this machine, or a node of the
-    Ray cluster at ``simulation.ray_address`` (joined here) (else Ray's actor pool stays empty and the
-    run would wait forever), and clients meant to use a GPU get a share of one (Ray hides the GPUs
-    from a ClientApp that asks for none): a ConfigError naming the key. ``device=auto`` with a GPU
-    but no share only warns: the clients compute on the CPU."""
+    Ray cluster at ``simulation.ray_address`` (joined here), else Ray's actor pool stays empty and the
+    run would wait forever: a ConfigError naming the key."""
     client_cpus, client_gpus = float(sim.client_cpus), float(sim.client_gpus)
-    if sim.ray_address:
+    if sim.get("ray_address"):
         join(str(sim.ray_address), engine_init_args())
         check_fits(client_cpus, client_gpus, alive_nodes())
         return
@@ -137,21 +136,46 @@ def check_resources(sim: DictConfig) -> None:
                           f"a ClientApp can ask for at most {cores}")
     if client_gpus == 0 and sim.device == "cpu":
         return
-    import torch
-
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = visible_gpus()
     if sim.device == "cuda" and gpus == 0:
         raise ConfigError("simulation.device=cuda, but torch sees no CUDA GPU on this machine; use auto or cpu")
     if client_gpus > gpus:
         raise ConfigError(f"simulation.client_gpus={client_gpus:g}: this machine has {gpus} CUDA GPU(s); "
                           f"use {'0' if gpus == 0 else f'at most {gpus}'}")
-    if client_gpus == 0 and gpus > 0:
-        hint = ("the simulation engine hides the GPUs from ClientApps that ask for no share of one; set e.g. "
-                "simulation.client_gpus=0.1 (ten ClientApps share a GPU)")
-        if sim.device == "cuda":
-            raise ConfigError(f"simulation.device=cuda with simulation.client_gpus=0: {hint}")
-        log(WARNING, "[flrep] simulation.client_gpus=0: the clients compute on the CPU although this machine has "
-            "%d GPU(s); %s", gpus, hint)
+
+
+def visible_gpus() -> int:
+    """The CUDA GPUs this process sees (``CUDA_VISIBLE_DEVICES`` respected, as Ray does)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def gpu_share(cpus: float, client_cpus: float, gpus: float) -> float:
+    """The GPU fraction per ClientApp that spreads the ClientApps running at once (as many as
+    ``cpus // client_cpus``) evenly over ``gpus`` GPUs: Ray fills one GPU with fractions before the
+    next, so a share of 1/ceil(ClientApps / GPUs) puts the same number on each (0 without a GPU)."""
+    if gpus <= 0:
+        return 0.0
+    at_once = max(1, int(cpus // client_cpus))
+    return 1.0 / math.ceil(at_once / gpus)
+
+
+def client_gpus_of(sim: DictConfig) -> float:
+    """``simulation.client_gpus``; when it is 0 and the clients may use a GPU (``device`` cuda, or
+    auto with a GPU in sight), :func:`gpu_share` of this machine's (or the cluster's) CPUs and GPUs."""
+    if float(sim.client_gpus) > 0 or sim.device == "cpu":
+        return float(sim.client_gpus)
+    if sim.get("ray_address"):
+        total = {k: sum(float(n.get("Resources", {}).get(k, 0)) for n in alive_nodes()) for k in ("CPU", "GPU")}
+        cpus, gpus = total["CPU"], total["GPU"]
+    else:
+        cpus, gpus = float(os.cpu_count() or 1), float(visible_gpus())
+    share = gpu_share(cpus, float(sim.client_cpus), gpus)
+    if share > 0:
+        log(INFO, "[flrep] simulation.client_gpus=0 on %g GPU(s): each ClientApp gets %g of one, so the %d that run "
+            "at once spread over every GPU", gpus, share, max(1, int(cpus // float(sim.client_cpus))))
+    return share
 
 
 def check_simulation(cfg: DictConfig) -> None:

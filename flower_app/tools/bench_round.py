@@ -76,7 +76,7 @@ def table(report: dict) -> str:
 def bench_round(experiment: str, overrides: list[str], rounds: int) -> dict:
     """Run ``rounds`` rounds of ``experiment`` in the simulation engine and report where the time went."""
     from flower_app.run.config import load_variants
-    from flower_app.run.simulation import check_resources, run_blocking
+    from flower_app.run.simulation import check_resources, client_gpus_of, run_blocking
 
     with tempfile.TemporaryDirectory(prefix="flrep-bench-round-") as tmp:
         out = Path(tmp) / "run"
@@ -86,7 +86,7 @@ def bench_round(experiment: str, overrides: list[str], rounds: int) -> dict:
         started = time.time()
         with TreeMemory() as memory:
             run_blocking(experiment, items, int(cfg.data.num_clients), float(cfg.simulation.client_cpus),
-                         float(cfg.simulation.client_gpus), cfg.simulation.ray_address)
+                         client_gpus_of(cfg.simulation), cfg.simulation.ray_address)
         ended = time.time()
         summary = json.loads((out / "summary.json").read_text())
     if summary.get("status") != "completed":
