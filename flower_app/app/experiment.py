@@ -268,6 +268,7 @@ class Experiment:
         log(INFO, "[flrep] %s: %s on %s, %d clients (%d per round), %d rounds -> %s",
             cfg.experiment, cfg.algorithm, cfg.data.name, self.data.num_clients, self.num_sampled, rounds, self.out_dir)
         fed = self.start_federation()
+        self.recorder.write_partition(None if fed.own_data else self.data, self.name)
         loop_start, first_round = time.monotonic(), self.next_round
         self.startup_s = loop_start - self.created + command_startup_s(self.started_at)
         self.start = loop_start - self.elapsed_before

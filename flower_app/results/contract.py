@@ -1,7 +1,7 @@
 """The results contract of a run directory.
 
 ``config.yaml`` (resolved config), ``metrics.jsonl`` (one JSON object per round and
-phase), ``summary.json`` and ``plots/*.png``.
+phase), ``summary.json`` and ``plots/*.png`` (``partition.png`` at the start, the others at the end).
 """
 
 from __future__ import annotations
@@ -9,13 +9,17 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable
+from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from flwr.common.logger import log
 from omegaconf import DictConfig, OmegaConf
 
-from flower_app.results.plots import plot_run
+from flower_app.results.plots import plot_partition, plot_run
 from flower_app.run.run_dir import write_text_atomic
+from task.data.federated_data import FederatedData, label_counts
 from task.files import WriteFailed, append_line
 
 
@@ -53,6 +57,28 @@ class RunRecorder:
         path = self.out_dir / "summary.json"
         write_text_atomic(path, json.dumps(clean_json(summary), indent=2) + "\n")
         return path
+
+    def write_partition(self, data: FederatedData | None, title: str) -> None:
+        """Write ``plots/partition.png`` (the clients' training labels and sizes) once per run: a resumed
+        run keeps the one it has. ``data`` None (the nodes load their own data, so the server does not
+        know the partition): no picture, said in the log. A picture that cannot be drawn is logged and
+        the run goes on; one that cannot be written (a full disk) raises like every other result."""
+        path = self.out_dir / "plots" / "partition.png"
+        if data is None:
+            log(INFO, "[flrep] no plots/partition.png: the nodes load their own data, so the server does not "
+                "know the partition")
+            return
+        if path.exists():
+            return
+        held_out = {p: "new client" for p in data.new_clients}
+        if data.online_device is not None:
+            held_out[data.online_device] = "online device"
+        try:
+            plot_partition(label_counts(data), np.array([len(i) for i in data.client_train]), path, title, held_out)
+        except WriteFailed:
+            raise
+        except Exception as err:  # a picture never stops a run
+            log(WARNING, "[flrep] plots/partition.png was not drawn: %s: %s", type(err).__name__, err)
 
     def finish(self, summary: dict[str, Any], title: str) -> None:
         """Write the plots, then ``summary.json``. A plot that cannot be written makes the run

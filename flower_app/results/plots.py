@@ -1,4 +1,4 @@
-"""Plots of a run: accuracy curves and the per-client accuracy spread."""
+"""Plots of a run: accuracy curves, the per-client accuracy spread and the federation's partition."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ import textwrap
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from flower_app.run.run_dir import write_atomic  # noqa: E402
@@ -67,6 +69,64 @@ def plot_run(records: list[dict], plots_dir: Path, title: str) -> list[Path]:
         save_figure(fig, written[-1])
         plt.close(fig)
     return written
+
+
+#: Up to this many clients (or classes) every one gets its own tick label.
+LABELLED_TICKS = 30
+
+
+def plot_partition(counts: np.ndarray | None, sizes: np.ndarray, path: Path, title: str,
+                   held_out: dict[int, str] | None = None) -> Path:
+    """The federation's partition: a clients x classes heatmap of the training labels each client
+    holds (``counts``, white where none; absent for regression data) beside each client's
+    training-set size (``sizes``). Up to :data:`LABELLED_TICKS` clients are rows in partition-id
+    order, each with its id; more are sorted by their most frequent label (then by its share), so the
+    picture shows how labels spread over the federation. ``held_out`` names the clients that never
+    train (partition id -> role: new client, online device): their bars get their own colour."""
+    n, held_out = len(sizes), held_out or {}
+    order = np.arange(n)
+    many = n > LABELLED_TICKS
+    if counts is not None and many:
+        share = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
+        order = np.lexsort((-share.max(axis=1), share.argmax(axis=1)))
+    client_axis = "clients, sorted by their most frequent label" if counts is not None and many else "client (partition id)"
+    height = min(9.0, max(3.0, 1.5 + 0.3 * n))
+    if counts is None:
+        fig, ax_size = plt.subplots(figsize=(6, height), layout="constrained")
+    else:
+        fig, (ax_map, ax_size) = plt.subplots(1, 2, figsize=(12, height), sharey=True,
+                                              gridspec_kw={"width_ratios": [3, 1]}, layout="constrained")
+        fig.get_layout_engine().set(wspace=0.06)
+        cmap = plt.get_cmap("viridis").with_extremes(bad="white")
+        image = ax_map.imshow(np.ma.masked_equal(counts[order], 0), aspect="auto", cmap=cmap, interpolation="nearest")
+        fig.colorbar(image, ax=ax_map, label="training samples of the class", pad=0.01)
+        ax_map.set(xlabel="class", ylabel=client_axis, title="training labels per client")
+        ax_map.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=min(counts.shape[1], LABELLED_TICKS)))
+    roles = sorted(set(held_out.values()))
+    color = {role: f"C{1 + i}" for i, role in enumerate(roles)}
+    rows, shown = np.arange(n), np.asarray(sizes)[order]
+    if many:  # one outline for every client, the held-out ones drawn over it
+        ax_size.fill_betweenx(rows, 0, shown, step="mid", color="tab:blue", linewidth=0)
+        marked = [i for i, p in enumerate(order) if p in held_out]
+        ax_size.barh(marked, shown[marked], height=1.0, color=[color[held_out[order[i]]] for i in marked])
+    else:
+        ax_size.barh(rows, shown, height=0.8, color=[color.get(held_out.get(p), "tab:blue") for p in order])
+    if roles:
+        ax_size.legend(handles=[Patch(color=color[role], label=role) for role in roles], fontsize=8)
+    ax_size.set(xlabel="training samples", title="training-set size")
+    ax_size.set_ylim(n - 0.5, -0.5)  # the first client on top, as in the heatmap
+    if counts is not None and many:
+        ax_size.set_yticks([])  # sorted rows: an id tick would name the wrong client
+    else:
+        ax_size.yaxis.set_major_locator(MaxNLocator(integer=True, nbins=min(n, LABELLED_TICKS)))
+    if counts is None:
+        ax_size.set_ylabel(client_axis)
+    ax_size.grid(alpha=0.3, axis="x")
+    what = "" if counts is not None else " (regression data: no classes)"
+    fig.suptitle(f"{title}: {n:,} clients, {int(np.sum(sizes)):,} training samples{what}")
+    save_figure(fig, path)
+    plt.close(fig)
+    return path
 
 
 def plot_linear(records: dict[str, list[dict]], path: Path, title: str) -> Path:

@@ -100,6 +100,19 @@ class FederatedData:
         return len(self.client_train)
 
 
+def label_counts(fed: FederatedData) -> np.ndarray | None:
+    """(clients, classes) int64: how many training samples of each label every client holds (row
+    sums are the clients' training-set sizes); None for regression data, which has no classes."""
+    if fed.bundle.task == "regression":
+        return None
+    labels = np.asarray(fed.bundle.train.y)
+    classes = int(fed.bundle.num_classes)
+    counts = np.zeros((fed.num_clients, classes), dtype=np.int64)
+    for pid, idx in enumerate(fed.client_train):
+        counts[pid] = np.bincount(labels[idx].astype(np.int64), minlength=classes)
+    return counts
+
+
 def _canonical(data_cfg: Mapping, seed: int) -> str:
     if not isinstance(data_cfg, Mapping):
         raise ConfigError(f"data: expected a mapping of data options, got {type(data_cfg).__name__}")
@@ -321,4 +334,4 @@ def rotated_device(bundle: DataBundle, train_size: int, test_size: int, quarter_
     return dataclasses.replace(bundle, train=splits[0], test=splits[1]), indices[0], indices[1]
 
 
-__all__ = ["FederatedData", "build_federated_data", "clear_caches"]
+__all__ = ["FederatedData", "build_federated_data", "clear_caches", "label_counts"]
