@@ -3,6 +3,7 @@
 A table file declares, once, what a paper table reports and how we compute each of its cells::
 
     title: FedRep Table 1, CIFAR-10        # shown in the generated table's header
+    short: FedRep Table 1, CIFAR-10        # optional: the table's name in the index (default: the title)
     source: Collins et al. 2021, Table 1   # where the paper's numbers come from
     columns:                               # what each cell reports: a summary.json key
                                            # (``a.b``: entry ``b`` of the summary's mapping ``a``)
@@ -14,6 +15,10 @@ A table file declares, once, what a paper table reports and how we compute each 
       paper: {note: the paper's setting, overrides: []}
       cpu: {note: 50 rounds instead of 100, overrides: [rounds=50]}
     notes: [why a difference is expected, ...]
+    explained:                             # optional: numbers beyond the tolerance whose cause the notes
+      fedrep.acc: 5 local epochs, not 1    # measure (cell.column: a one-line reason), counted as explained
+                                           # in the index (docs/reproduction.md); notes and reasons never
+                                           # make a run stale
     cells:
       fedrep:                              # the cell's id (``--only fedrep``, its folder)
         label: FedRep
@@ -120,6 +125,8 @@ class Table:
     notes: tuple[str, ...] = ()
     claims: tuple[Claim, ...] = field(default=())
     revision: int = 1  # runs recorded under an older revision no longer count
+    short: str = ""  # the table's name in the index (the title when empty)
+    explained: dict[tuple[str, str], str] = field(default_factory=dict)  # (cell, column) -> why it differs
 
     def minutes(self, scale: str, cells: list[str] | None = None) -> float:
         """Estimated minutes of one seed of ``cells`` (all by default) at ``scale``."""
@@ -137,11 +144,16 @@ def load_table(name: str) -> Table:
     if not path.is_file():
         raise ConfigError(f"unknown table {name!r}: no {path}; tables: {', '.join(table_names())}"
                           f"{did_you_mean(name, table_names())}")
+    return parse_table(name, path.read_text(), str(path))
+
+
+def parse_table(name: str, text: str, where: str) -> Table:
+    """A table from the YAML ``text`` of a table file (another commit's, say); ``where`` names it in errors."""
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML ({err})") from None
-    return _parse(name, raw, path)
+        raise ConfigError(f"{where}: not valid YAML ({err})") from None
+    return _parse(name, raw, Path(where))
 
 
 def _parse(name: str, raw: Any, path: Path) -> Table:
@@ -218,9 +230,19 @@ def _parse(name: str, raw: Any, path: Path) -> Table:
     revision = raw.get("revision", 1)
     if isinstance(revision, bool) or not isinstance(revision, int) or revision < 1:
         raise ConfigError(f"{path}: revision is {revision!r}; expected a whole number >= 1")
+    explained = {}
+    if not isinstance(raw.get("explained") or {}, dict):
+        raise ConfigError(f"{path}: explained is {raw['explained']!r}; expected a mapping of cell.column to a reason")
+    for key, why in (raw.get("explained") or {}).items():
+        cell, _, column = str(key).partition(".")
+        if cell not in cells or column not in cells[cell].paper or not isinstance(why, str) or not why.strip():
+            raise ConfigError(f"{path}: explained.{key} needs a key cell.column of a cell with a paper number "
+                              "in that column, and a reason")
+        explained[(cell, column)] = why.strip()
     return Table(name, need(raw, "title", ""), need(raw, "source", ""), columns, cells,
                  {s: scales[s] for s in SCALES}, None if tolerance is None else float(tolerance),
-                 tuple(str(n) for n in raw.get("notes") or ()), tuple(claims), revision)
+                 tuple(str(n) for n in raw.get("notes") or ()), tuple(claims), revision,
+                 str(raw.get("short") or ""), explained)
 
 
 def _strings(value: Any, where: str, path: Path) -> list[str]:
