@@ -1,5 +1,5 @@
 """Evidence: how FedRep Table 1's +FT number depends on how the head is fine-tuned
-(docs/reproduction.md, "Gaps explained", FedRep Table 1).
+(docs/reproduction/fedrep_table1_cifar10/table.md, its notes).
 
 Question. Our FedProx+FT at CIFAR-10 (100, 2) is 1.9 points above the paper's 85.81. Our +FT
 (``finetune.head_features=eval``) trains each client's head for 10 epochs on body features

@@ -1,4 +1,4 @@
-"""Evidence: LG-FedAvg Table 4's post-fit anomaly (docs/reproduction.md, "LG-FedAvg Table 4").
+"""Evidence: LG-FedAvg Table 4's post-fit anomaly (docs/reproduction/lg_table4_adult/table.md).
 
 Question. With LG-FedAvg+Adv (representation trained with the penalty -lambda * L_adv,
 lambda = 30 per attribute) the adversary co-trained on the device sits at chance (AUC ~50),
