@@ -1,4 +1,5 @@
-"""``flrep reproduce``: a paper table's cells over seeds (:mod:`flower_app.reproduction.runner`), from the command line."""
+"""``flrep reproduce``: a paper table's cells over seeds (:mod:`flower_app.reproduction.runner`), from the command line;
+``--index``: the results page of every table (:mod:`flower_app.reproduction.index`)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,13 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     from flower_app.reproduction.tables import SCALES, load_table, table_names
 
     try:
+        if args.index:
+            from flower_app.reproduction.index import Files, write_index
+            from flower_app.run.config import PROJECT_DIR
+
+            for path in write_index(Files(PROJECT_DIR), PROJECT_DIR):
+                print(f"[reproduce] wrote {path}")
+            return 0
         if args.list:
             for name in table_names():
                 table = load_table(name)
@@ -23,7 +31,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
                 print(f"{name:28s} {len(table.cells):3d} cells  {len(args.seeds)} seeds: {cost}  {table.title}")
             return 0
         if not args.table or not args.out:
-            print("flrep: reproduce needs a table and --out DIR (or --list)", file=sys.stderr)
+            print("flrep: reproduce needs a table and --out DIR (or --list, or --index)", file=sys.stderr)
             return 2
         from flower_app.reproduction.runner import AppChanged, reproduce
 
@@ -58,4 +66,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                      help="machine settings for every run (simulation.*, client_state.*, wandb.*), "
                           "e.g. simulation.client_gpus=0.1 on a GPU")
     rep.add_argument("--list", action="store_true", help="list the tables and their estimated cost on a 2-core CPU")
+    rep.add_argument("--index", action="store_true",
+                     help="write docs/reproduction.md and docs/reproduction/index.png from every committed table "
+                          "(table.csv, table.md; no runs needed)")
     rep.set_defaults(func=_cmd_reproduce)
