@@ -25,7 +25,7 @@ from strategies import ALGORITHMS
 from strategies.checks import require
 from strategies.common import ARRAYS, failure_fields, fmt
 from strategies.services import Services
-from task.learning.engine import predict
+from task.learning.inference import predict
 
 
 @dataclass

@@ -26,7 +26,8 @@ from strategies import ALGORITHMS
 from strategies.checks import nonnegative, one_of, positive, require
 from strategies.common import ARRAYS, CONFIG, NUM_EXAMPLES, ClientRuntime, failure_fields, fmt, reply
 from strategies.services import Services
-from task.learning.engine import PROX_PULLS, train, train_head_in_train_mode, train_head_on_features
+from task.learning.engine import PROX_PULLS, train
+from task.learning.heads import train_head_in_train_mode, train_head_on_features
 from task.learning.metrics import client_spread
 
 SALT = 7919  # keeps fine-tuning shuffles distinct from any training round's

@@ -24,7 +24,7 @@ from strategies.checks import nonnegative, positive
 from strategies import ALGORITHMS
 from strategies.common import ARRAYS, CONFIG, NUM_EXAMPLES, ClientRuntime, body_keys, failure_fields, fmt, reply
 from strategies.services import Services
-from task.learning.engine import train_head_on_features
+from task.learning.heads import train_head_on_features
 from task.learning.metrics import client_spread
 
 SALT = 104729  # keeps new-client shuffles apart from training and fine-tuning

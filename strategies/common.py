@@ -8,7 +8,8 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from omegaconf import DictConfig
 
-from task.learning.engine import OptimizerConfig, TensorData, TrainResult, evaluate, seeded_generator, train
+from task.learning.engine import OptimizerConfig, TensorData, TrainResult, seeded_generator, train
+from task.learning.inference import evaluate
 from task.learning.fairness import ATTRIBUTES, fairness_metrics, postfit_adversary_auc, train_fair
 from task.learning.models import FairMLP, SplitModel
 

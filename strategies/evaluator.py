@@ -9,7 +9,8 @@ from flwr.app import ArrayRecord
 
 from task.analysis.linear_rep import global_gradient_norm, principal_angle_distance
 from task.data.federated_data import FederatedData
-from task.learning.engine import EvalResult, TensorData, fast_layout, sample_scores
+from task.learning.engine import TensorData, fast_layout
+from task.learning.inference import EvalResult, sample_scores
 from task.learning.models import SplitModel
 
 

@@ -31,7 +31,8 @@ from strategies.checks import nonnegative, positive, require
 from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, WeightedAverage, register
 from strategies.common import ARRAYS, NUM_EXAMPLES, ClientRuntime, body_keys, configured_head, reply, round_config
 from strategies.state_store import keep_arrays, kept_arrays
-from task.learning.engine import TrainResult, fit_head_least_squares, train_head_in_train_mode, train_head_on_features
+from task.learning.engine import TrainResult
+from task.learning.heads import fit_head_least_squares, train_head_in_train_mode, train_head_on_features
 
 HEAD_STATE = "head"
 COLD_START_SALT = 4049  # head fits of never-sampled clients shuffle apart from training rounds

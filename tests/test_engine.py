@@ -6,7 +6,9 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from task.learning.engine import OptimizerConfig, TensorData, evaluate, train, train_head_on_features
+from task.learning.engine import OptimizerConfig, TensorData, train
+from task.learning.heads import train_head_on_features
+from task.learning.inference import evaluate
 from task.learning.models import build_model
 
 
@@ -174,7 +176,7 @@ def test_augmentation_needs_images():
 
 def test_a_head_trained_on_a_cpu_copy_ends_as_if_trained_in_place():
     """train_copy_on_cpu (small heads of a model on a GPU) runs the same batches and arithmetic."""
-    from task.learning.engine import train_copy_on_cpu
+    from task.learning.heads import train_copy_on_cpu
 
     torch.manual_seed(0)
     head = torch.nn.Sequential(torch.nn.Linear(8, 3))
@@ -211,7 +213,8 @@ def test_bf16_precision_trains_in_autocast_but_evaluation_stays_float32():
 
 
 def test_fast_layout_is_channels_last_for_convolutions_only_and_keeps_the_outputs():
-    from task.learning.engine import fast_layout, predict
+    from task.learning.engine import fast_layout
+    from task.learning.inference import predict
 
     torch.manual_seed(0)
     cnn = build_model("fedrep_cnn", (3, 32, 32), 10)
@@ -228,7 +231,7 @@ def test_fast_layout_is_channels_last_for_convolutions_only_and_keeps_the_output
 
 
 def test_predictions_do_not_depend_on_the_chunk_size():
-    from task.learning.engine import predict
+    from task.learning.inference import predict
 
     torch.manual_seed(0)
     model = build_model("lenet5", (3, 32, 32), 10)
@@ -237,7 +240,7 @@ def test_predictions_do_not_depend_on_the_chunk_size():
 
 
 def test_sample_scores_give_every_subset_the_metrics_of_evaluate():
-    from task.learning.engine import sample_scores
+    from task.learning.inference import sample_scores
 
     torch.manual_seed(0)
     model = build_model("digits_mlp", (1, 8, 8), 10)

@@ -12,7 +12,8 @@ from flower_app.run.config import load_config, load_variants
 from flower_app.app.server_app import run_variants
 from strategies import ALGORITHMS, fedrep
 from strategies.common import ARRAYS, CONFIG, METRICS, ClientRuntime, body_keys, head_keys
-from task.learning.engine import TensorData, evaluate
+from task.learning.engine import TensorData
+from task.learning.inference import evaluate
 from task.errors import ConfigError
 from task.learning.models import SplitModel, build_model
 from tests.local_grid import LocalGrid
@@ -240,7 +241,7 @@ def test_exact_head_solver_is_least_squares_and_orthonormalize_keeps_the_span():
     model = build_model("linear_rep", (6,), 1, rep_dim=2)
     g = torch.Generator().manual_seed(0)
     data = TensorData(torch.randn(30, 6, generator=g), torch.randn(30, generator=g))
-    from task.learning.engine import fit_head_least_squares
+    from task.learning.heads import fit_head_least_squares
 
     fit_head_least_squares(model, ["head"], data)
     z = (data.x @ model.body.weight.T).double()

@@ -1,7 +1,9 @@
-"""Fast local training and evaluation loops.
+"""Fast local training: client data, batches and the SGD loop.
 
 Client data lives as tensors on the training device; a batch is an index slice of a
 seeded permutation (no DataLoader is built per round). Everything here is plain PyTorch.
+Scoring a model is in :mod:`task.learning.inference`, training only its head in
+:mod:`task.learning.heads`.
 """
 
 from __future__ import annotations
@@ -9,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Iterator, Sequence
-from copy import deepcopy
 from dataclasses import dataclass
 
 import numpy as np
@@ -105,26 +106,6 @@ class TrainResult:
     samples: int
 
 
-@dataclass
-class EvalResult:
-    """Summed loss and correct predictions over a split (accuracy is None for regression)."""
-
-    loss_sum: float
-    correct: int
-    num_examples: int
-    regression: bool = False
-
-    @property
-    def loss(self) -> float:
-        return self.loss_sum / max(self.num_examples, 1)
-
-    @property
-    def accuracy(self) -> float | None:
-        if self.regression:
-            return None
-        return self.correct / max(self.num_examples, 1)
-
-
 #: ``train.precision`` -> the autocast dtype of model computation (None: full float32).
 PRECISIONS: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16}
 
@@ -132,7 +113,7 @@ PRECISIONS: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat1
 def precision(name: str, device: torch.device) -> contextlib.AbstractContextManager:
     """The context in which a client computes at ``train.precision`` ``name``: bf16 autocast
     (float32 weights, optimizer state and loss; matrix products and convolutions in bfloat16)
-    or plain float32. :func:`evaluate` always scores in float32 inside either."""
+    or plain float32. :func:`task.learning.inference.evaluate` always scores in float32 inside either."""
     dtype = PRECISIONS[name]
     if dtype is None:
         return contextlib.nullcontext()
@@ -302,165 +283,6 @@ def train(
         samples += len(yb)
         num_steps += 1
     return TrainResult(float(total) / max(samples, 1), num_steps, samples)
-
-
-#: Inference chunk on a CPU: activations of a few dozen images stay in cache (measured for the
-#: FedRep CNN, one thread: 2.3x the samples/s of 2048-image chunks in float32, 2.1x in bf16).
-CPU_CHUNK = 32
-
-
-def _chunk(x: torch.Tensor, batch_size: int) -> int:
-    """Samples per inference chunk: ``batch_size`` (``eval.batch_size``) bounds the memory; a CPU
-    uses at most :data:`CPU_CHUNK`."""
-    return min(batch_size, CPU_CHUNK) if x.device.type == "cpu" else batch_size
-
-
-@torch.no_grad()
-def predict(model: nn.Module, x: torch.Tensor, batch_size: int = 2048) -> torch.Tensor:
-    """Model outputs for ``x`` in eval mode, computed in chunks."""
-    model.eval()
-    step = _chunk(x, batch_size)
-    outs = [model(x[i : i + step]) for i in range(0, x.shape[0], step)]
-    return torch.cat(outs) if outs else x.new_zeros((0,))
-
-
-def _predict_float32(model: nn.Module, x: torch.Tensor, batch_size: int) -> torch.Tensor:
-    """:func:`predict` in float32 even inside a bf16 :func:`precision` context (scores never
-    depend on the training precision)."""
-    with torch.autocast(device_type=x.device.type, enabled=False):
-        return predict(model, x, batch_size)
-
-
-@torch.no_grad()
-def evaluate(
-    model: nn.Module, data: TensorData, batch_size: int = 2048, regression: bool = False
-) -> EvalResult:
-    """Summed loss and number of correct predictions of ``model`` on ``data`` (float32 even
-    inside a bf16 :func:`precision` context: reported metrics never depend on the precision)."""
-    if len(data) == 0:
-        return EvalResult(0.0, 0, 0, regression)
-    out = _predict_float32(model, data.x, batch_size)
-    if regression:
-        loss_sum = float(F.mse_loss(out.squeeze(-1), data.y, reduction="sum"))
-        return EvalResult(loss_sum, 0, len(data), True)
-    loss_sum = float(F.cross_entropy(out, data.y, reduction="sum"))
-    correct = int((out.argmax(dim=1) == data.y).sum())
-    return EvalResult(loss_sum, correct, len(data))
-
-
-@torch.no_grad()
-def sample_scores(model: nn.Module, data: TensorData, batch_size: int = 2048,
-                  regression: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per-sample loss and correctness (None for regression) of ``model`` on ``data``, in
-    float32, from one batched pass: any subset's metrics are then means over its indices."""
-    out = _predict_float32(model, data.x, batch_size)
-    if regression:
-        return F.mse_loss(out.squeeze(-1), data.y, reduction="none"), None
-    return F.cross_entropy(out, data.y, reduction="none"), out.argmax(dim=1) == data.y
-
-
-def train_head_on_features(
-    model: nn.Module,
-    head: Sequence[str],
-    data: TensorData,
-    optimizer: OptimizerConfig,
-    batch_size: int,
-    generator: torch.Generator,
-    epochs: int | None,
-    regression: bool = False,
-    steps: int | None = None,
-) -> TrainResult:
-    """Train only the ``head`` groups of a split model with the body frozen.
-
-    Body features are computed once (eval mode, no augmentation) and the head trains on
-    them, which is exact because a frozen body maps each input to fixed features. Under a bf16
-    :func:`precision` the features are computed in bf16 and the head trains in float32.
-    """
-    features = predict_features(model, head, data.x).float()  # bf16 under a bf16 precision context
-    head_module = nn.Sequential(*[model.get_submodule(name) for name in head])
-    head_data = TensorData(features, data.y)
-    with torch.autocast(device_type=features.device.type, enabled=False):  # a small head: autocast only costs
-        if features.is_cuda and sum(p.numel() for p in head_module.parameters()) <= SMALL_HEAD:
-            return train_copy_on_cpu(head_module, head_data, optimizer, batch_size, generator, epochs, steps, regression)
-        return train(head_module, head_data, optimizer, batch_size, generator, epochs=epochs, steps=steps,
-                     regression=regression)
-
-
-def train_head_in_train_mode(
-    model: nn.Module,
-    head: Sequence[str],
-    data: TensorData,
-    optimizer: OptimizerConfig,
-    batch_size: int,
-    generator: torch.Generator,
-    epochs: int | None,
-    regression: bool = False,
-    steps: int | None = None,
-    augment: str | None = None,
-) -> TrainResult:
-    """Train only the ``head`` groups with the body frozen, running the whole model in train
-    mode on every batch (dropout active, ``augment`` applied, no feature cache): the official
-    FedRep head epochs. The body's parameters stay as they are (its gradients are never formed)."""
-    head_params = [p for name in head for p in model.get_submodule(name).parameters()]
-    trained = {id(p) for p in head_params}
-    frozen = [p for p in model.parameters() if id(p) not in trained and p.requires_grad]
-    for p in frozen:
-        p.requires_grad_(False)
-    try:
-        return train(model, data, optimizer, batch_size, generator, epochs=epochs, steps=steps, params=head_params,
-                     regression=regression, augment=augment)
-    finally:
-        for p in frozen:
-            p.requires_grad_(True)
-
-
-#: Heads of at most this many parameters train on the CPU when the body is on a GPU: each SGD step
-#: of a small head is all kernel launches and Python there. Measured on an H100 machine for
-#: FedRep's CIFAR-10 head (650 parameters, 10 epochs of 50 steps): 0.27-0.52 s on the GPU.
-SMALL_HEAD = 1 << 18
-
-
-def train_copy_on_cpu(module: nn.Module, data: TensorData, optimizer: OptimizerConfig, batch_size: int,
-                      generator: torch.Generator, epochs: int | None, steps: int | None = None,
-                      regression: bool = False) -> TrainResult:
-    """:func:`train` a CPU copy of ``module`` on a CPU copy of ``data`` and copy the result back:
-    the same batches (``generator`` is a CPU generator either way) and the same arithmetic up to
-    float rounding."""
-    copy = deepcopy(module).cpu()
-    result = train(copy, TensorData(data.x.cpu(), data.y.cpu()), optimizer, batch_size, generator,
-                   epochs=epochs, steps=steps, regression=regression)
-    module.load_state_dict(copy.state_dict())
-    return result
-
-
-@torch.no_grad()
-def fit_head_least_squares(model: nn.Module, head: Sequence[str], data: TensorData) -> None:
-    """Set a single linear head to the least-squares fit of the targets on body features.
-
-    The exact head minimisation of FedRep's linear analysis (regression only): with features
-    Z and targets y the head becomes argmin_w ||Z w - y||² (a bias, if any, is fitted too).
-    """
-    if len(head) != 1 or not isinstance(model.get_submodule(head[0]), nn.Linear):
-        raise ValueError(f"exact head fitting needs a single nn.Linear head group, got {list(head)}")
-    linear = model.get_submodule(head[0])
-    z = predict_features(model, head, data.x).double()
-    if linear.bias is not None:
-        z = torch.cat([z, torch.ones_like(z[:, :1])], dim=1)
-    y = data.y.double().reshape(len(data), -1)
-    solution = torch.linalg.lstsq(z, y).solution  # (features [+1], outputs)
-    weight = solution[: linear.in_features].T
-    linear.weight.copy_(weight.to(linear.weight.dtype))
-    if linear.bias is not None:
-        linear.bias.copy_(solution[linear.in_features].to(linear.bias.dtype))
-
-
-@torch.no_grad()
-def predict_features(model: nn.Module, head: Sequence[str], x: torch.Tensor, batch_size: int = 2048) -> torch.Tensor:
-    """Body outputs (the input of the ``head`` groups) for ``x``, in eval mode."""
-    model.eval()
-    step = _chunk(x, batch_size)
-    chunks = [model.features(x[i : i + step], head) for i in range(0, x.shape[0], step)]
-    return torch.cat(chunks)
 
 
 def derived_seed(*parts: int) -> int:

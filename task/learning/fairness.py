@@ -25,7 +25,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from task.learning.engine import OptimizerConfig, TensorData, TrainResult, predict_features, step_batches
+from task.learning.engine import OptimizerConfig, TensorData, TrainResult, step_batches
+from task.learning.inference import predict_features
 
 
 #: The protected attributes, in the order of ``TensorData.z``'s columns and the adversary's outputs.
