@@ -1,6 +1,6 @@
 """Every GPU figure the docs report, from one command on a freshly lent GPU machine.
 
-Run through ``bench/gpu_session.sh`` (docs/running.md, "On a lent GPU"). It installs the carried
+Run through ``bench/gpu_session.sh`` (docs/gpu.md, "On a lent GPU"). It installs the carried
 wheels when Flower, Ray and the rest are missing (files carried in parts, ``NAME.part00``,
 ``NAME.part01``, ..., are joined first), then runs the existing commands one after another:
 ``flrep bench``, ``flrep bench-entk``, ``flrep bench-round``, a 100-round ``flrep run`` and one

@@ -1,4 +1,4 @@
-"""bench/gpu_session.sh, the one command of a lent GPU machine, checked on the CPU (docs/running.md)."""
+"""bench/gpu_session.sh, the one command of a lent GPU machine, checked on the CPU (docs/gpu.md)."""
 
 import importlib.util
 import re
