@@ -43,7 +43,8 @@ columns:
   x: {{label: X, experiment: quickstart, paper: {{acc: 40.0}}}}
   y: {{label: Y, experiment: quickstart}}
 """
-HEADER = "cell,label,column,metric,runs,n,mean,std,paper,difference,within_tolerance,ci95,paper_in_ci95,wall_s_per_seed,seeds"
+HEADER = ("cell,label,column,metric,runs,n,mean,std,paper,difference,within_tolerance,ci95,paper_in_ci95,"
+          "wall_s_per_seed,seeds")
 CSV_A = "\n".join([
     HEADER,
     "a,A,acc,accuracy,3,3,51.0,0.5,50.0,,,,,1,0 1 2",             # +1.0: within 1.5 points
@@ -78,7 +79,8 @@ def test_each_table_gets_its_counts_verdicts_and_a_link(tree):
     assert "| [Paper A, Table 1](reproduction/a/table.md) | 4/5 | 1–3 | 5 | 2 | 2 (1 CI, 1 notes) | 1 | 1/1 |" in page
     assert "| [Paper B, Figure 2](../conf/tables/b.yaml) | 0/2 | – | – | – | – | – | – |" in page
     assert "In all: 5 numbers, 2 within the tolerance, 2 explained, 1 open." in page
-    assert "- `a`: **open**: `d.acc` +5.00 (1 seed); CI: `b.acc` −3.00\n  - `c.acc` +5.00: a cause measured in another cell\n" in page
+    assert ("- `a`: **open**: `d.acc` +5.00 (1 seed); CI: `b.acc` −3.00\n"
+            "  - `c.acc` +5.00: a cause measured in another cell\n") in page
     assert "`a.acc`" not in page  # a number within the tolerance is not listed
 
 
