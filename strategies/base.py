@@ -27,7 +27,7 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 from omegaconf import DictConfig
 
 from strategies.common import ARRAYS, METRICS, ClientRuntime
-from task.learning.models import SplitModel
+from task.learning.split_model import SplitModel
 
 if TYPE_CHECKING:
     from strategies.services import Services

@@ -11,7 +11,8 @@ from omegaconf import DictConfig
 from task.learning.engine import OptimizerConfig, TensorData, TrainResult, seeded_generator, train
 from task.learning.inference import evaluate
 from task.learning.fairness import ATTRIBUTES, fairness_metrics, postfit_adversary_auc, train_fair
-from task.learning.models import FairMLP, SplitModel
+from task.learning.models import FairMLP
+from task.learning.split_model import SplitModel
 
 ARRAYS = "arrays"
 CONFIG = "config"

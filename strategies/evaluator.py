@@ -11,7 +11,7 @@ from task.analysis.linear_rep import global_gradient_norm, principal_angle_dista
 from task.data.federated_data import FederatedData
 from task.learning.engine import TensorData, fast_layout
 from task.learning.inference import EvalResult, sample_scores
-from task.learning.models import SplitModel
+from task.learning.split_model import SplitModel
 
 
 class ServerEvaluator:

@@ -51,7 +51,7 @@ from strategies.common import ARRAYS, CONFIG, NUM_EXAMPLES, ClientRuntime, reply
 from strategies.local_only import STATE_KEY, evaluate_own_model, own_model_requests, send_own_model
 from strategies.services import Services
 from strategies.state_store import keep_arrays, load_kept_model
-from task.learning.models import SplitModel
+from task.learning.split_model import SplitModel
 
 COLUMNS = "mtl-columns"  # round config: M, the columns of W
 

@@ -45,7 +45,8 @@ from strategies.common import ARRAYS, CONFIG, NUM_EXAMPLES, ClientRuntime, reply
 from strategies.services import Services, is_training_record
 from strategies.state_store import keep_arrays, kept_arrays
 from task.learning.fairness import train_fair
-from task.learning.models import FairMLP, SplitModel
+from task.learning.models import FairMLP
+from task.learning.split_model import SplitModel
 
 LOCAL_STATE = "lg-local"
 PHASE = "lg-phase"

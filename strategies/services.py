@@ -16,7 +16,7 @@ from flwr.serverapp import Grid
 from omegaconf import DictConfig
 
 from task.data.federated_data import FederatedData
-from task.learning.models import SplitModel
+from task.learning.split_model import SplitModel
 
 if TYPE_CHECKING:
     from strategies.base import ServerHooks

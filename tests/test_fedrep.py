@@ -15,7 +15,8 @@ from strategies.common import ARRAYS, CONFIG, METRICS, ClientRuntime, body_keys,
 from task.learning.engine import TensorData
 from task.learning.inference import evaluate
 from task.errors import ConfigError
-from task.learning.models import SplitModel, build_model
+from task.learning.models import build_model
+from task.learning.split_model import SplitModel
 from tests.local_grid import LocalGrid
 
 

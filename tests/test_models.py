@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from task.errors import ConfigError
-from task.learning.models import MODEL_NAMES, SplitModel, build_model
+from task.learning.models import MODEL_NAMES, build_model
+from task.learning.split_model import SplitModel
 
 # name -> (natural input shape, classes, total parameters, groups)
 MODELS = {

@@ -15,7 +15,7 @@ from strategies.base import ServerHooks
 from strategies.evaluator import ServerEvaluator
 from strategies.services import TemplateFn
 from task.data.federated_data import FederatedData
-from task.learning.models import SplitModel
+from task.learning.split_model import SplitModel
 
 if TYPE_CHECKING:
     from flower_app.app.experiment import Experiment
