@@ -1,11 +1,11 @@
-"""eNTK features (task/tct/entk.py): every method against the per-sample reference loop."""
+"""eNTK features (task/tct/entk.py, task/tct/entk_hooks.py): every method against the per-sample reference loop."""
 
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
-from task.tct import entk
+from task.tct import entk_hooks
 from task.tct.entk import (
     METHODS,
     entk_features,
@@ -101,9 +101,9 @@ def prepared(build, shape, n: int = 5):
 @pytest.mark.parametrize("products", ["dense", "pair"])
 def test_methods_match_loop_on_tiny_models(case, products, monkeypatch):
     """Both ways of forming weight coordinates in 'hooks', in blocks of one row or pair."""
-    monkeypatch.setattr(entk, "_GATHER_ELEMENTS", 16)
-    monkeypatch.setattr(entk, "_DENSE_ENTRY", 0.0 if products == "dense" else float("inf"))
-    monkeypatch.setattr(entk, "_BLAS_GAIN", float("inf"))
+    monkeypatch.setattr(entk_hooks, "_GATHER_ELEMENTS", 16)
+    monkeypatch.setattr(entk_hooks, "_DENSE_ENTRY", 0.0 if products == "dense" else float("inf"))
+    monkeypatch.setattr(entk_hooks, "_BLAS_GAIN", float("inf"))
     model, x = prepared(*CASES[case])
     coords = torch.arange(parameter_count(model))
     expected = entk_features(model, x, coords, "loop")
