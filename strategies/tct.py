@@ -23,8 +23,6 @@ Prediction is argmax Wᵀz; the server scores W on its test features.
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -46,10 +44,10 @@ from strategies.fedavg import FedAvgServer, local_sgd
 from strategies.scaffold import CONTROL, Scaffold, control_update, hold_control, settled_control
 from strategies.services import Services
 from strategies.state_store import keep_arrays, kept_arrays, node_file, state_root
-from task.tct.entk import METHODS, entk_network, extract_features, parameter_count, select_coordinates
-from task.errors import ConfigError
+from task.tct.entk import METHODS, entk_network, entk_setup, extract_features, parameter_count
 from task.tct.linear import (FEATURE_DTYPES, FeatureMatrix, LocalLeastSquares, feature_moments, one_hot_targets,
                       open_feature_file, standardization)
+from task.tct.memory import GIB, check_gram_memory, feature_bytes, memory_plan, require_disk
 
 PHASE = "tct-stage"  # round config: "fedavg" (stage 1) or "linear" (stage 2)
 MOMENTS = "moments"  # query.entk reply: per-feature sums and sums of squares
@@ -59,49 +57,11 @@ SPECTRUM = "tct-spectrum"
 CLIENT_CONTROL = "tct-ci"
 WEIGHTS = "W"
 SOLVERS = ("scaffold", "fedavg", "gd")  # TCT, TCT-FedAvg, TCT-GD
-GIB = float(1 << 30)
 
 
-def entk_setup(model: torch.nn.Module, cfg: DictConfig) -> tuple[torch.nn.Module, torch.Tensor]:
-    """The eNTK network (last layer re-initialised to one logit) and the p coordinates, both
-    from the run seed: identical on every node and on the server."""
-    net = entk_network(model, seed=int(cfg.seed))
-    return net, select_coordinates(parameter_count(net), int(cfg.tct.features), int(cfg.seed))
-
-
-def feature_bytes(rows: int, cfg: DictConfig) -> int:
-    """Bytes of ``rows`` stored feature rows."""
-    return rows * int(cfg.tct.features) * FEATURE_DTYPES[str(cfg.tct.feature_dtype)].itemsize
-
-
-def require_disk(folder: Path, needed: int, what: str) -> None:
-    """Refuse to start writing ``needed`` bytes where the disk cannot hold them."""
-    folder.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(folder).free
-    if needed > free:
-        raise RuntimeError(f"tct.features: {what} need {needed / GIB:.2f} GiB in {folder}, only {free / GIB:.2f} GiB "
-                           "free; lower tct.features, use tct.feature_dtype=float16 or point client_state.dir elsewhere")
-
-
-def physical_memory() -> int:
-    """Bytes of physical memory of this machine (0 when unknown)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 0
-
-
-def memory_plan(cfg: DictConfig, train_sizes: list[int], test_rows: int) -> str:
-    """The feature memory of a run, stated before any feature is computed."""
-    p = int(cfg.tct.features)
-    largest = max(train_sizes) if train_sizes else 0
-    side = min(largest, p)
-    return (f"TCT features: p={p:,} {cfg.tct.feature_dtype}: {sum(train_sizes):,} client samples = "
-            f"{feature_bytes(sum(train_sizes), cfg) / GIB:.2f} GiB on the nodes' disks (largest client "
-            f"{feature_bytes(largest, cfg) / GIB:.2f} GiB), {test_rows:,} test samples = "
-            f"{feature_bytes(test_rows, cfg) / GIB:.2f} GiB on the server's; stage 2 holds one client's "
-            f"{side:,}x{side:,} Gram eigenvectors ({side * side * 8 / GIB:.2f} GiB) and streams features in "
-            f"256 MiB blocks")
+def stored_bytes(rows: int, cfg: DictConfig) -> int:
+    """Bytes of ``rows`` feature rows at ``tct.features`` and ``tct.feature_dtype``."""
+    return feature_bytes(rows, int(cfg.tct.features), str(cfg.tct.feature_dtype))
 
 
 class TCT(ServerHooks, WeightedAverage):
@@ -147,13 +107,9 @@ class TCT(ServerHooks, WeightedAverage):
             self._open_test(services, open_feature_file(Path(self.test_path),
                                                         dtype=FEATURE_DTYPES[str(self.cfg.tct.feature_dtype)]))
         sizes = [services.train_sizes[p] for p in services.trainable]
-        log(INFO, "[flrep] %s", memory_plan(self.cfg, sizes, len(services.evaluator.test)))
-        side = min(max(sizes, default=0), int(self.cfg.tct.features))
-        needed, available = 3 * side * side * 8, physical_memory()
-        if available and needed > available:
-            raise ConfigError(f"tct.features: stage 2 needs about {needed / GIB:.1f} GiB for a {side:,}x{side:,} Gram "
-                              f"matrix (min(largest client's samples, p)), this machine has {available / GIB:.1f} GiB; "
-                              "lower tct.features")
+        p, dtype = int(self.cfg.tct.features), str(self.cfg.tct.feature_dtype)
+        log(INFO, "[flrep] %s", memory_plan(p, dtype, sizes, len(services.evaluator.test)))
+        check_gram_memory(sizes, p)
 
     def must_evaluate(self, server_round: int) -> bool:
         """The stage-1 model is always evaluated (``tct_stage1_global_accuracy``)."""
@@ -189,9 +145,9 @@ class TCT(ServerHooks, WeightedAverage):
             mean, std = standardization(count, sums, squares)
             self.standardization = ArrayRecord({"mean": mean, "std": std})
         evaluator.load(services.get_arrays())
-        net, coords = entk_setup(evaluator.model, cfg)
+        net, coords = entk_setup(evaluator.model, int(cfg.tct.features), int(cfg.seed))
         path = state_root(cfg) / f"server-{services.run_key}" / "test-features.npy"
-        require_disk(path.parent, feature_bytes(len(evaluator.test), cfg), "the server's test features")
+        require_disk(path.parent, stored_bytes(len(evaluator.test), cfg), "the server's test features")
         raw = open_feature_file(path, (len(evaluator.test), len(coords)), FEATURE_DTYPES[str(cfg.tct.feature_dtype)])
         extract_features(net, evaluator.test.x, coords, raw, str(cfg.tct.entk_method), int(cfg.tct.entk_batch_size))
         self.test_path = path
@@ -301,17 +257,17 @@ def compute_entk(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     disk; the reply carries only their count and (with normalisation) their moments."""
     rt.load(content[ARRAYS])
     cfg = rt.cfg
-    net, coords = entk_setup(rt.model, cfg)
+    net, coords = entk_setup(rt.model, int(cfg.tct.features), int(cfg.seed))
     dtype = FEATURE_DTYPES[str(cfg.tct.feature_dtype)]
     path = node_file(rt, FEATURES, ".npy")
-    require_disk(path.parent, feature_bytes(len(rt.train), cfg), f"client {rt.partition_id}'s features")
+    require_disk(path.parent, stored_bytes(len(rt.train), cfg), f"client {rt.partition_id}'s features")
     node_file(rt, SPECTRUM).unlink(missing_ok=True)  # a spectrum belongs to the features it was computed from
     start = time.monotonic()
     raw = open_feature_file(path, (len(rt.train), len(coords)), dtype)
     extract_features(net, rt.train.x, coords, raw, str(cfg.tct.entk_method), int(cfg.tct.entk_batch_size))
     seconds = time.monotonic() - start
     rt.state[rt.state_key(FEATURES)] = ConfigRecord({"path": str(path), "dtype": str(cfg.tct.feature_dtype)})
-    out = reply(None, entk_seconds=seconds, feature_bytes=feature_bytes(len(rt.train), cfg),
+    out = reply(None, entk_seconds=seconds, feature_bytes=stored_bytes(len(rt.train), cfg),
                 **{NUM_EXAMPLES: len(rt.train)})
     if cfg.tct.normalize:
         _, sums, squares = feature_moments(raw)

@@ -13,8 +13,8 @@ from flower_app.run.config import load_config, load_variants
 from flower_app.app.server_app import Experiment, run_variants
 from strategies.common import ARRAYS
 from strategies.scaffold import apply_deltas, control_update
-from strategies.tct import FEATURES, MOMENTS, STANDARDIZATION, WEIGHTS, entk_setup
-from task.tct.entk import entk_features
+from strategies.tct import FEATURES, MOMENTS, STANDARDIZATION, WEIGHTS
+from task.tct.entk import entk_features, entk_setup
 from task.errors import ConfigError
 from task.data.federated_data import build_federated_data
 from task.learning.models import build_model
@@ -124,7 +124,7 @@ def test_tct_run_keeps_features_on_the_clients_and_uses_one_coordinate_subset(tm
     stage1_model = [m for m in grid.sent if m.metadata.message_type == "query.entk"][0].content[ARRAYS]
     model = build_model("digits_mlp", (1, 8, 8), 10)
     model.load_state_dict(stage1_model.to_torch_state_dict())
-    net, coords = entk_setup(model, cfg)
+    net, coords = entk_setup(model, int(cfg.tct.features), int(cfg.seed))
     pooled = []
     for pid, node in enumerate(grid.node_ids):
         meta = grid.contexts[node].state[f"tct/{FEATURES}"]
@@ -171,9 +171,9 @@ def test_server_test_features_use_the_stage_one_model(tmp_path):
 
 
 def test_a_gram_matrix_beyond_the_machine_memory_is_refused_before_round_one(tmp_path, monkeypatch):
-    import strategies.tct as tct
+    import task.tct.memory as memory
 
-    monkeypatch.setattr(tct, "physical_memory", lambda: 1 << 20)
+    monkeypatch.setattr(memory, "physical_memory", lambda: 1 << 20)
     overrides = _overrides(tmp_path)
     grid = LocalGrid(4, {"experiment": "quickstart", "overrides": overrides})
     with pytest.raises(ConfigError, match="tct.features"):

@@ -59,6 +59,13 @@ def entk_network(model: nn.Module, seed: int) -> nn.Module:
     return net.eval()
 
 
+def entk_setup(model: nn.Module, p: int, seed: int) -> tuple[nn.Module, Tensor]:
+    """The eNTK network (last layer re-initialised to one logit) and its ``p`` coordinates, both
+    from the run ``seed``: identical on every node and on the server."""
+    net = entk_network(model, seed=seed)
+    return net, select_coordinates(parameter_count(net), p, seed)
+
+
 def _seeded_linear(in_features: int, bias: bool, seed: int) -> nn.Linear:
     """``nn.Linear(in_features, 1)`` with ``reset_parameters``' init drawn from ``seed``."""
     gen = torch.Generator().manual_seed(seed)
