@@ -12,9 +12,9 @@ import pytest
 
 from task.errors import ConfigError
 from task.data.federated_data import FederatedData, build_federated_data, clear_caches
+from task.data.class_shards import class_shard_test_split
 from task.data.partition import (
     PARTITIONS,
-    class_shard_test_split,
     group_test_split,
     matched_test_split,
     partition_train,

@@ -37,7 +37,7 @@ Config keys (under ``data.``; the source and partition keys are documented in
     partitions of data with per-group test samples (femnist, synthetic_linear) each client
     instead gets all test samples of its own group, and ``test_per_client`` is ignored; so it is
     for ``class_shards``, whose clients get test shards of their train shards' classes
-    (:func:`task.data.partition.class_shard_test_split`).
+    (:func:`task.data.class_shards.class_shard_test_split`).
 
 Caching: results are memoised in-process (keyed by the canonical JSON of the config and
 the seed) and the partition index arrays are stored on disk as
@@ -63,8 +63,8 @@ import numpy as np
 from task.data.datasets.bundle import ArrayData
 from task.data.datasets.images import ImageArray
 from task.errors import ConfigError
+from task.data.class_shards import class_shard_test_split
 from task.data.partition import (
-    class_shard_test_split,
     group_test_split,
     matched_test_split,
     partition_scheme,
