@@ -58,7 +58,8 @@ def cluster():
     port, homes = _free_port(), [root / "n1", root / "n2"]
     for home in homes:
         home.mkdir()
-    base = dict(os.environ, RAY_DISABLE_USAGE_STATS="1")
+    base = {k: v for k, v in os.environ.items() if k != "FLREP_DATA"}  # each node's data home: its own HOME's
+    base["RAY_DISABLE_USAGE_STATS"] = "1"
     try:
         subprocess.run([RAY, "start", "--head", f"--port={port}", "--num-cpus=1", f"--temp-dir={root / 't'}",
                         "--include-dashboard=false", f"--ray-client-server-port={_free_port()}", "--disable-usage-stats"],
@@ -72,8 +73,10 @@ def cluster():
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _flrep(*args: str, home: Path | None = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ, **({"HOME": str(home)} if home else {}))
+def _flrep(*args: str, home: Path | None = None, data_home: bool = True) -> subprocess.CompletedProcess:
+    """``flrep run ARGS``; ``data_home`` False: without ``$FLREP_DATA`` (each node's own data home)."""
+    env = {k: v for k, v in os.environ.items() if data_home or k != "FLREP_DATA"}
+    env.update({"HOME": str(home)} if home else {})
     return subprocess.run([sys.executable, "-m", "flower_app.cli", "run", *args], env=env, capture_output=True,
                           text=True, timeout=900)
 
@@ -119,11 +122,14 @@ def test_a_resumed_cluster_run_equals_an_uninterrupted_one(cluster, tmp_path):
 
 def test_a_node_without_the_data_is_named_before_anything_is_written(cluster, tmp_path):
     address, homes = cluster
-    (homes[0] / "mnist").symlink_to(Path(os.environ["FLREP_DATA"]) / "mnist")  # the head's HOME has it, node 2's not
+    own = homes[0] / ".cache" / "flrep" / "data"  # the head's data home has MNIST, node 2's (its HOME) not
+    own.mkdir(parents=True, exist_ok=True)
+    if not (own / "mnist").exists():
+        (own / "mnist").symlink_to(Path(os.environ["FLREP_DATA"]) / "mnist")
     out = tmp_path / "run"
-    result = _flrep("lg_mnist", "rounds=1", "data.root=~/mnist", f"simulation.ray_address={address}",
-                    "--out", str(out), home=homes[0])
-    assert result.returncode == 2
-    assert "has no dataset at" in result.stderr and str(homes[1] / "mnist") in result.stderr, result.stderr[-2000:]
+    result = _flrep("lg_mnist", "rounds=1", f"simulation.ray_address={address}", "--out", str(out), home=homes[0],
+                    data_home=False)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "has no dataset at" in result.stderr and str(homes[1]) in result.stderr, result.stderr[-2000:]
     assert not out.exists()
     assert not list(tmp_path.glob(".flrep-cluster-probe*"))

@@ -53,7 +53,7 @@ def test_client_resources_must_fit_a_node_of_the_cluster():
 def _report(tmp_path: Path, **changes) -> dict:
     probe = tmp_path / "probe"
     probe.write_text("probe\n")
-    report = ray_cluster.node_report(None, None, str(probe))
+    report = ray_cluster.node_report("quickstart", [], str(probe))
     return dict(report, name="node 10.0.0.2 (Ray node abcd1234)", **changes)
 
 

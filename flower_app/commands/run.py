@@ -19,7 +19,7 @@ def command(args: argparse.Namespace) -> int:
     from flower_app.app.outcome import COMMAND_START_ENV
     from flower_app.run.simulation import check_simulation, client_gpus_of, exit_interrupted, run_blocking
 
-    prepared = prepare_run(args, check=check_simulation)
+    prepared = prepare_run(args, check=lambda cfg: check_simulation(cfg, args.experiment, list(args.overrides)))
     if isinstance(prepared, int):
         return prepared
     overrides, cfg, out = prepared

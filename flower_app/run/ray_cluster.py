@@ -97,13 +97,14 @@ def app_fingerprint() -> str:
     return digest.hexdigest()
 
 
-def node_report(data_name: str | None, data_root: str | None, probe: str) -> dict:
+def node_report(experiment: str, overrides: list[str], probe: str) -> dict:
     """What the start-up check asks a node (run there): host, flrep source, whether the run's data
-    is where the run config resolves it on this node, and whether it reads ``probe`` (written by the
-    machine that starts the run) and can write beside it."""
-    from task.data.home import resolve_root
+    is where a client on this node resolves it (the run config loaded here, as a ClientApp loads it),
+    and whether it reads ``probe`` (written by the machine that starts the run) and can write beside it."""
+    from flower_app.run.config import load_config
 
-    root = None if data_name is None else resolve_root(data_name, data_root)
+    cfg = load_config(experiment, overrides)
+    root = Path(str(cfg.data.root)) if cfg.data.source == "local" and cfg.data.root else None
     probe_path = Path(probe)
     seen = probe_path.is_file()
     mine = probe_path.with_name(f"{probe_path.name}-{uuid.uuid4().hex[:8]}")
@@ -116,10 +117,10 @@ def node_report(data_name: str | None, data_root: str | None, probe: str) -> dic
             "has_data": root is None or root.exists(), "sees_probe": seen, "wrote": written}
 
 
-def check_nodes(data_name: str | None, data_root: str | None, run_folder: Path) -> list[dict]:
-    """Ask every alive node (see :func:`node_report`; ``data_name`` None: the run reads no local
-    files); a ConfigError naming the first node that lacks the data, runs other flrep source, or does
-    not share the folder the run folder is made in. Removes its probe files. The reports, one per node."""
+def check_nodes(experiment: str, overrides: list[str], run_folder: Path) -> list[dict]:
+    """Ask every alive node about the run ``experiment`` with ``overrides`` (see :func:`node_report`);
+    a ConfigError naming the first node that lacks the data, runs other flrep source, or does not
+    share the folder the run folder is made in. Removes its probe files. The reports, one per node."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -130,7 +131,7 @@ def check_nodes(data_name: str | None, data_root: str | None, run_folder: Path) 
     remote = ray.remote(num_cpus=0)(node_report)
     try:
         pending = {node["NodeID"]: remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False))
-                   .remote(data_name, data_root, str(probe)) for node in nodes}
+                   .remote(experiment, list(overrides), str(probe)) for node in nodes}
         reports = []
         for node in nodes:
             try:
@@ -151,14 +152,14 @@ def _judge(reports: list[dict], parent: Path, probe: Path) -> None:
     ours = app_fingerprint()
     for r in reports:
         if r["app"] != ours:
-            raise ConfigError(f"simulation.ray_address: {r['name']} ({r['host']}) runs other flrep source than this "
+            raise ConfigError(f"simulation.ray_address: {r['name']}, host {r['host']}, runs other flrep source than this "
                               "machine; install the same commit on every node")
         if not r["has_data"]:
-            raise ConfigError(f"data.root: {r['name']} ({r['host']}) has no dataset at {r['data']}; every node "
+            raise ConfigError(f"data.root: {r['name']}, host {r['host']}, has no dataset at {r['data']}; every node "
                               "resolves data.root the same way (the data home $FLREP_DATA or an absolute path): "
                               "put the data there on every node")
         shared = r["sees_probe"] and not r["wrote"].startswith("error") and Path(r["wrote"]).is_file()
         if not shared:
-            raise ConfigError(f"simulation.ray_address: {r['name']} ({r['host']}) does not share {parent} with this "
+            raise ConfigError(f"simulation.ray_address: {r['name']}, host {r['host']}, does not share {parent} with this "
                               "machine (the run folder, where clients keep their snapshots for a resume, must be on a "
                               "disk every node mounts at the same path)")

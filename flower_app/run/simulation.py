@@ -178,15 +178,14 @@ def client_gpus_of(sim: DictConfig) -> float:
     return share
 
 
-def check_simulation(cfg: DictConfig) -> None:
+def check_simulation(cfg: DictConfig, experiment: str, overrides: list[str]) -> None:
     """:func:`check_resources`, and on a Ray cluster the start-up check of every node
-    (:func:`flower_app.run.ray_cluster.check_nodes`) for this run's data and folder."""
+    (:func:`flower_app.run.ray_cluster.check_nodes`) for the run ``experiment`` with ``overrides``."""
     check_resources(cfg.simulation)
     if cfg.simulation.ray_address:
         from flower_app.app.outcome import output_dir
 
-        local = str(cfg.data.source) == "local"
-        check_nodes(str(cfg.data.name) if local else None, cfg.data.root if local else None, output_dir(cfg))
+        check_nodes(experiment, overrides, output_dir(cfg))
 
 
 def exit_interrupted(code: int) -> NoReturn:
