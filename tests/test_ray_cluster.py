@@ -1,7 +1,8 @@
 """The simulation on a real two-node Ray cluster on loopback (``simulation.ray_address``).
 
-Each node is a ``ray start`` of its own with its own HOME, so a client state kept on a node's disk
-(``~/.cache/flrep``) is not seen by the other node, as on two machines. Slow (two Ray nodes, three
+Each node is a ``ray start`` of its own with its own HOME, so a node's own folders (``~/.cache/flrep``)
+are apart, as on two machines (its files are still readable by the other node by their absolute
+paths, so the tests check where client state is written, not only the metrics). Slow (two Ray nodes, three
 runs): ``pytest -m slow tests/test_ray_cluster.py``.
 """
 
@@ -89,7 +90,8 @@ def _evals(out: Path) -> list[dict]:
 
 def test_a_fedrep_run_served_by_both_nodes_equals_a_one_node_run(cluster, tmp_path):
     address, homes = cluster
-    local = _flrep(*RUN, "--out", str(tmp_path / "local"), home=homes[0])
+    (tmp_path / "home").mkdir()
+    local = _flrep(*RUN, "--out", str(tmp_path / "local"), home=tmp_path / "home")  # its state files: not the nodes'
     assert local.returncode == 0, local.stderr[-3000:]
     spread = _flrep(*RUN, f"simulation.ray_address={address}", "--out", str(tmp_path / "cluster"), home=homes[0])
     assert spread.returncode == 0, spread.stderr[-3000:]
@@ -98,6 +100,9 @@ def test_a_fedrep_run_served_by_both_nodes_equals_a_one_node_run(cluster, tmp_pa
     assert min(summary["served_by"].values()) > 0
     assert "served_by" not in json.loads((tmp_path / "local" / "summary.json").read_text())
     assert _evals(tmp_path / "cluster") == _evals(tmp_path / "local")
+    # nothing a client keeps went to a node's own disk: on loopback a file named by its absolute path
+    # would still be found by the other node, so the place itself is what shows the rule
+    assert not [p for home in homes for p in (home / ".cache" / "flrep").rglob("client-state/**/*") if p.is_file()]
 
 
 def test_a_resumed_cluster_run_equals_an_uninterrupted_one(cluster, tmp_path):
