@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from flower_app.commands.common import positive_int
+from flower_app.commands.common import config_error, positive_int
 from task.errors import ConfigError
 
 
@@ -30,8 +30,7 @@ def command(args: argparse.Namespace) -> int:
         report = bench_round(args.experiment, [*args.overrides, *device_overrides(args.device, args.overrides)],
                              args.rounds)
     except ConfigError as err:
-        print(f"flrep: configuration error: {err}", file=sys.stderr)
-        return 2
+        return config_error(err)
     except BaseException as err:  # noqa: BLE001 - a failed benchmark run: leave without waiting threads
         print(f"flrep: bench-round failed: {type(err).__name__}: {err}", file=sys.stderr)
         exit_interrupted(1)

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from flower_app.commands.common import positive_int
+from flower_app.commands.common import config_error, positive_int
 from task.errors import ConfigError
 
 
@@ -22,8 +22,7 @@ def command(args: argparse.Namespace) -> int:
               "give another --out, or --force to replace them", file=sys.stderr)
         return 2
     except (ConfigError, OSError) as err:
-        print(f"flrep: configuration error: {err}", file=sys.stderr)
-        return 2
+        return config_error(err)
     print(f"flrep: CA {keys.ca}, SuperLink certificate {keys.server_cert} (hosts {', '.join(args.host)}), "
           f"{len(keys.node_keys)} SuperNode key pairs node-<i>.key / node-<i>.pub in {Path(args.out).resolve()}")
     return 0

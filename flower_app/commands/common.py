@@ -18,6 +18,12 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
 
 
+def config_error(err: Exception) -> int:
+    """Print ``err`` as flrep's configuration error; exit code 2."""
+    print(f"flrep: configuration error: {err}", file=sys.stderr)
+    return 2
+
+
 def positive_int(text: str) -> int:
     """An argparse type: an integer >= 1."""
     try:
@@ -112,8 +118,7 @@ def prepare_run(args: argparse.Namespace, extra: list[str] = (), default_out: Pa
             f"test samples, {fed.num_clients} clients partitioned in {time.time() - loaded:.1f}s", since)
         moved = preflight(variants, force=bool(getattr(args, "force", False)))
     except ConfigError as err:
-        print(f"flrep: configuration error: {err}", file=sys.stderr)
-        return 2
+        return config_error(err)
     out = output_dir(variants[0])
     if moved is not None:
         print(f"flrep: --force: the earlier run in {out} was moved to {moved}", file=sys.stderr)

@@ -7,7 +7,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from flower_app.commands.common import (first_second_check, positive_int, prepare_run, resume_command,
+from flower_app.commands.common import (config_error, first_second_check, positive_int, prepare_run, resume_command,
                                          run_outcome, summary_stamp)
 from flower_app.run.stop_signals import Stopped
 from task.errors import ConfigError
@@ -55,8 +55,7 @@ def command(args: argparse.Namespace) -> int:
             print(f"flrep: SuperLink on {deployment.address} with {args.nodes} SuperNodes; logs in {deployment.work}")
             deployment.run(args.experiment, overrides)  # _prepare fixed out_dir (or resume) in them
     except ConfigError as err:
-        print(f"flrep: configuration error: {err}", file=sys.stderr)
-        return 2
+        return config_error(err)
     except Stopped as stop:
         print(f"flrep: deployment {stop}: the SuperLink, SuperNodes and run it started were stopped; continue "
               f"it with:\n  {resume_command(args, out)}", file=sys.stderr)

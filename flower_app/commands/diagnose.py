@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from flower_app.commands.common import positive_int
+from flower_app.commands.common import config_error, positive_int
 from task.errors import ConfigError
 
 
@@ -33,8 +33,7 @@ def command(args: argparse.Namespace) -> int:
                 results = diagnose.transfer(paths, clients, args.epochs, args.samples, args.trials, args.lr,
                                             args.batch_size, args.seed, out)
     except ConfigError as err:
-        print(f"flrep: configuration error: {err}", file=sys.stderr)
-        return 2
+        return config_error(err)
     for name, result in results.items():
         numbers = {k: v for k, v in result.items() if k in ("mean_diagonal", "mean_off_diagonal", "cka", "mean")}
         print(f"{name}: " + ", ".join(f"{k} {_short(v)}" for k, v in numbers.items()))

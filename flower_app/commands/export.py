@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
+from flower_app.commands.common import config_error
 from task.errors import ConfigError
 
 
@@ -15,8 +15,7 @@ def command(args: argparse.Namespace) -> int:
     try:
         path = export_model(Path(args.run_dir), Path(args.out) if args.out else None)
     except ConfigError as err:
-        print(f"flrep: configuration error: {err}", file=sys.stderr)
-        return 2
+        return config_error(err)
     print(f"flrep: model written to {path}")
     return 0
 

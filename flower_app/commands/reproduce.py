@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from flower_app.run.stop_signals import Stopped
+from flower_app.commands.common import config_error
 from task.errors import ConfigError
 
 
@@ -48,8 +49,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
             print(f"[reproduce] continue it with:\n  {shlex.join(['flrep', *again])}", file=sys.stderr)
             return stop.exit_code
     except ConfigError as err:
-        print(f"flrep: configuration error: {err}", file=sys.stderr)
-        return 2
+        return config_error(err)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

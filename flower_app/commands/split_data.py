@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
+from flower_app.commands.common import config_error
 from task.errors import ConfigError
 
 
@@ -19,8 +19,7 @@ def command(args: argparse.Namespace) -> int:
         check_writable(Path(args.out).expanduser().resolve(), "--out")
         folders = write_partitions(cfg.data, int(cfg.seed), Path(args.out))
     except (ConfigError, OSError) as err:
-        print(f"flrep: configuration error: {err}", file=sys.stderr)
-        return 2
+        return config_error(err)
     print(f"flrep: {len(folders)} node data folders ({cfg.data.name} format) in {Path(args.out).resolve()}")
     return 0
 
