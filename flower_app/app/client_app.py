@@ -16,11 +16,12 @@ import numpy as np
 import torch
 from pathlib import Path
 
-from flwr.app import Context, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.clientapp.client_app import DEFAULT_ACTION
 
 from flower_app.app.client_checkpoint import snapshot_mod
+from flower_app.app.elision import PROCESS, PROCESS_ID, elision_mod
 from flower_app.app.federation import mark_node
 from flower_app.run.config import head_groups, initial_model, pick_device, run_config_of
 from flower_app.app.timing import stamp
@@ -36,7 +37,7 @@ from task.data.federated_data import FederatedData, build_federated_data
 from task.data.partition_cache import check_partition_id, client_data
 from task.data.node_data import check_node_data, load_node_data
 
-app = ClientApp(mods=[snapshot_mod])
+app = ClientApp(mods=[elision_mod, snapshot_mod])
 
 PROTOCOL_HANDLERS = {kind: fn for protocol in PROTOCOLS for kind, fn in protocol.handlers.items()}
 
@@ -160,6 +161,7 @@ def info(msg: Message, context: Context) -> Message:
         check_node_data(bundle, tuple(config["input-shape"]), int(config["num-classes"]), context.node_config["data-path"])
     content = reply(None, **{"partition-id": rt.partition_id, "num-train": len(rt.train), "num-test": len(rt.test),
                              "own-data": float(own)})
+    content[PROCESS] = ConfigRecord({"id": PROCESS_ID})  # whether processes serve several nodes (elision)
     return Message(content=content, reply_to=msg)
 
 

@@ -7,13 +7,14 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from logging import INFO, WARNING
+from logging import DEBUG, INFO, WARNING
 
 import numpy as np
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from flower_app.app.elision import PROCESS, asks_for_bodies, resend, shares_processes, wire_messages
 from flower_app.app.reply_check import reply_problem
 from flower_app.run.stop_signals import stop_requested
 from flower_app.app.timing import PhaseTimer
@@ -54,7 +55,8 @@ def take_node_mark(content: RecordDict) -> str | None:
 
 @dataclass
 class Traffic:
-    """Parameters and bytes that actually crossed the wire, per direction."""
+    """Parameters and bytes that the algorithm sent, per direction: every message's arrays, counted
+    in full also where the simulation left a shared record out of it (:mod:`flower_app.app.elision`)."""
 
     params_down: int = 0
     params_up: int = 0
@@ -109,6 +111,7 @@ class Federation:
     train_size: dict[int, int] = field(default_factory=dict)  # partition id -> training examples
     own_data: bool = False  # the nodes hold their own data (node config data-path): they evaluate themselves
     strangers: set[int] = field(default_factory=set)  # nodes serving no client of this run (or gone): not asked again
+    process_of: dict[int, str] = field(default_factory=dict)  # node id -> the client process that answered its handshake
     pid_of: dict[int, int] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -137,7 +140,7 @@ def connect(grid: Grid, num_clients: int, traffic: Traffic, wait_s: float = NODE
     answers, failures = _ask_partitions(grid, nodes, traffic, handshake, timeout)
     fed = Federation({}, {})
     own: dict[int, bool] = {}
-    for pid, node, size, has_own in answers:
+    for pid, node, size, has_own, process in answers:
         if not 0 <= pid < num_clients:
             log(WARNING, "node %d serves partition %d, which is not part of this run: ignored", node, pid)
             fed.strangers.add(node)
@@ -145,6 +148,7 @@ def connect(grid: Grid, num_clients: int, traffic: Traffic, wait_s: float = NODE
         if pid in fed.node_of:
             raise ConfigError(f"partition-id {pid} is served by two nodes ({fed.node_of[pid]}, {node})")
         fed.node_of[pid], fed.train_size[pid], own[node] = node, size, has_own
+        fed.process_of[node] = process
     fed.__post_init__()
     missing = sorted(set(range(num_clients)) - set(fed.node_of))
     if missing:
@@ -155,6 +159,9 @@ def connect(grid: Grid, num_clients: int, traffic: Traffic, wait_s: float = NODE
         log(WARNING, "node %d failed its start-up handshake (every client is served by the others): %s", node, reason)
     fed.strangers.update(failures)  # not asked again each round
     fed.own_data = any(own.values())
+    if processes := shares_processes(fed.process_of):
+        log(INFO, "[flrep] %d client processes serve the %d nodes: a large record that a round's messages share "
+            "crosses to each process once", processes, len(fed.process_of))
     if fed.own_data and not all(own.values()):
         lacking = sorted(fed.pid_of[n] for n, has in own.items() if not has)
         raise ConfigError(f"node config: the SuperNodes of partitions {lacking[:10]} have no data-path while the others "
@@ -174,7 +181,7 @@ def rejoin(grid: Grid, fed: Federation, traffic: Traffic, handshake: ConfigRecor
     answers, failures = _ask_partitions(grid, new, traffic, handshake, timeout)
     for node, reason in failures.items():
         log(WARNING, "node %d failed its handshake: %s", node, reason)
-    for pid, node, size, _ in answers:
+    for pid, node, size, _, process in answers:
         if pid not in fed.node_of:
             log(WARNING, "node %d serves partition %d, which is not part of this run: ignored", node, pid)
             fed.strangers.add(node)
@@ -182,15 +189,17 @@ def rejoin(grid: Grid, fed: Federation, traffic: Traffic, handshake: ConfigRecor
         log(INFO, "[flrep] client %d rejoined on node %d (was node %d)", pid, node, fed.node_of[pid])
         fed.strangers.add(fed.node_of[pid])  # the old node is gone, though the SuperLink may list it a while
         fed.node_of[pid], fed.train_size[pid] = node, size
+        fed.process_of[node] = process
         moved.append(pid)
     fed.__post_init__()
     return moved
 
 
 def _ask_partitions(grid: Grid, nodes: list[int], traffic: Traffic, handshake: ConfigRecord | None,
-                    timeout: float | None = None) -> tuple[list[tuple[int, int, int, bool]], dict[int, str]]:
-    """(partition id, node id, training examples, own data) of every node that answers ``query.info``
-    within ``timeout`` seconds, and why each other node did not (node id -> reason)."""
+                    timeout: float | None = None) -> tuple[list[tuple[int, int, int, bool, str]], dict[int, str]]:
+    """(partition id, node id, training examples, own data, client process) of every node that answers
+    ``query.info`` within ``timeout`` seconds, and why each other node did not (node id -> reason).
+    A reply that names no client process counts as one of its own."""
     messages = [Message(RecordDict({CONFIG: handshake or ConfigRecord()}), dst_node_id=node, message_type="query.info")
                 for node in nodes]
     traffic.sent(messages, "handshake")
@@ -206,9 +215,10 @@ def _ask_partitions(grid: Grid, nodes: list[int], traffic: Traffic, handshake: C
             failures[node] = rep.error.reason
             continue
         metrics = rep.content[METRICS]
+        process = rep.content.config_records.get(PROCESS, {}).get("id", f"node {node}")
         answers.append((int(metrics["partition-id"]), node, int(metrics["num-train"]),
-                        bool(metrics.get("own-data", 0.0))))
-    answered = {node for _, node, _, _ in answers} | set(failures)
+                        bool(metrics.get("own-data", 0.0)), str(process)))
+    answered = {node for _, node, *_ in answers} | set(failures)
     silent = "no answer" if timeout is None else f"no answer within {timeout:g} s"
     failures.update({node: silent for node in nodes if node not in answered})
     return answers, failures
@@ -220,15 +230,19 @@ def exchange(grid: Grid, messages: list[Message], traffic: Traffic, fed: Federat
     """Send, receive, count traffic and screen the replies (see :mod:`flower_app.app.reply_check`;
     ``template`` gives the arrays a training reply must carry; the clients' timings go to ``timer``). Returns the sound replies,
     sorted by partition id, and why each other client failed (partition id -> reason): an
-    error reply, no reply within ``timeout`` seconds, or a rejected reply."""
+    error reply, no reply within ``timeout`` seconds (of each wave, see :func:`send_eliding`), or a
+    rejected reply."""
     traffic.sent(messages, phase)
-    replies = list(grid.send_and_receive(messages, timeout=timeout))
+    processes = shares_processes(fed.process_of)
+    if processes:  # the engines hand messages out in partition order (Flower's) or as pushed (flrep's):
+        # in this order the ones that carry shared records in full go out first
+        messages = sorted(messages, key=lambda msg: fed.pid_of.get(msg.metadata.dst_node_id, -1))
+    replies, sent_by_id = send_eliding(grid, messages, processes, timeout)
     if stop_requested():  # this process is ending: the replies may be failures the stop caused, never record them
         threading.Event().wait()
     traffic.received(replies, phase)
     if timer is not None:
         timer.take_client_times(replies, phase)
-    sent_by_id = {msg.metadata.message_id: msg for msg in messages}
     failed: dict[int, str] = {}
     good: list[tuple[int, Message]] = []
     unmatched: list[str] = []  # errors of the SuperLink about messages it no longer knows
@@ -263,6 +277,27 @@ def exchange(grid: Grid, messages: list[Message], traffic: Traffic, fed: Federat
     # sums, and so the whole run, repeat exactly for a seed
     good.sort(key=lambda item: item[0])
     return [rep for _, rep in good], dict(sorted(failed.items()))
+
+
+def send_eliding(grid: Grid, messages: list[Message], processes: int,
+                 timeout: float | None = None) -> tuple[list[Message], dict[str, Message]]:
+    """Send ``messages`` with their shared large records left out where ``processes`` client
+    processes serve the nodes (:mod:`flower_app.app.elision`; 0: as they are), then those whose
+    process lacked a record again in full (a second wave, with its own ``timeout``). Returns the
+    replies and, by the id of each message sent, the message of ``messages`` it stood for."""
+    wire = wire_messages(messages, processes)
+    replies = list(grid.send_and_receive([sent for sent, _, _ in wire], timeout=timeout))
+    meant = {sent.metadata.message_id: (msg, bodies) for sent, msg, bodies in wire}
+    again = [meant[rep.metadata.reply_to_message_id] for rep in replies
+             if asks_for_bodies(rep) and rep.metadata.reply_to_message_id in meant]
+    if again:
+        log(DEBUG, "%d of %d messages reached a client process without their shared records: sent again in full",
+            len(again), len(wire))
+        resent = [(resend(msg, bodies), msg, bodies) for msg, bodies in again]
+        replies = [rep for rep in replies if not asks_for_bodies(rep)]
+        replies += grid.send_and_receive([sent for sent, _, _ in resent], timeout=timeout)
+        meant.update({sent.metadata.message_id: (msg, bodies) for sent, msg, bodies in resent})
+    return replies, {message_id: msg for message_id, (msg, _) in meant.items()}
 
 
 def metric_of(replies: Iterable[Message], fed: Federation, key: str) -> dict[int, float]:

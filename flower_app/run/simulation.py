@@ -29,6 +29,7 @@ from omegaconf import DictConfig
 
 from flower_app.run.config import PROJECT_DIR as APP_DIR
 from flower_app.run.console import verbose_chosen
+from flower_app.run.message_delivery import one_pass_delivery
 from flower_app.run.ray_cluster import alive_nodes, check_fits, check_nodes, join
 from flower_app.run.stop_signals import catch, stopping_on_signals
 from strategies.state_store import SIMULATION_ENV
@@ -79,17 +80,18 @@ def run_blocking(experiment: str, overrides: list[str], num_supernodes: int, cli
         else:
             _start_ray(backend_config["init_args"])
         catch(on_stop=_quiet_engine)  # after Ray's SIGTERM handlers (a C++ stack dump, then exit 1 or 15)
-        _run_simulation(
-            num_supernodes=num_supernodes,
-            exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
-            server_app_attr=components["serverapp"],
-            client_app_attr=components["clientapp"],
-            backend_config=backend_config,
-            app_dir=str(APP_DIR),
-            run=run,
-            server_app_context=context,
-            is_app=True,
-        )
+        with one_pass_delivery():  # Flower's own delivery costs nodes × messages per sweep
+            _run_simulation(
+                num_supernodes=num_supernodes,
+                exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
+                server_app_attr=components["serverapp"],
+                client_app_attr=components["clientapp"],
+                backend_config=backend_config,
+                app_dir=str(APP_DIR),
+                run=run,
+                server_app_context=context,
+                is_app=True,
+            )
 
 
 def engine_init_args() -> dict[str, object]:
