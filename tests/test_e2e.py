@@ -55,7 +55,7 @@ def test_quickstart_writes_the_results_contract(quickstart_run):
     finetune = [r for r in records if r["phase"] == "finetune"]
     assert finetune and summary["finetune_accuracy_after"] is not None
     assert (out / "config.yaml").is_file()
-    assert {p.name for p in (out / "plots").glob("*.png")} == {"accuracy.png", "client_spread.png"}
+    assert {p.name for p in (out / "plots").glob("*.png")} == {"accuracy.png", "client_spread.png", "partition.png"}
     assert list((out / "wandb").glob("offline-run-*")), "wandb should log offline by default"
 
 
