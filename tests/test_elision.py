@@ -81,6 +81,7 @@ def test_messages_after_the_first_leave_out_the_body_the_process_holds(tmp_path,
             assert all(elision.BODIES in msg.content for msg, _ in exchange)
             assert not any(elision.asks_for_bodies(rep) for _, rep in exchange)
     assert len(exchanges(grid, "evaluate")[0]) == 8
+    assert [len(held) for held in grid.held.values()] == [1]  # this round's body, not the earlier ones
     ref_grid = reference[0]
     assert all(ARRAYS in m.content and elision.BODIES not in m.content
                for m in ref_grid.sent if m.metadata.message_type in ("train", "evaluate"))

@@ -11,21 +11,24 @@ their own):
   knows of, and leaves it out of the others; every message names the digest of each such record
   (config record :data:`BODIES`: record name -> digest). The engine hands the first messages to
   idle workers first, so each process usually serves one of the full ones first;
-- a client process keeps the last few records it was sent in full (:data:`HELD`, by digest) and
-  puts them back into a message that lacks them before any handler sees it;
+- a client process keeps the shared records of the last message that named any (:data:`HELD`, by
+  digest; so at most one message's worth: the body of the current round, not of the past ones)
+  and puts them back into a message that lacks them before any handler sees it;
 - a process that does not hold one (it served none of the full messages, or it restarted) answers
   with :data:`MISSING` instead, and the server sends that message again in full.
 
 So a reply never depends on which process serves a message, and the handlers see the same content
-as without elision. What the run counts as communication (``Traffic``) is what each algorithm
-sends to each client, elided or not: the numbers of a run do not change.
+as without elision (an exchange whose messages shared different records, one group each, would
+send some again where a process switches groups; no algorithm here sends such an exchange). What
+the run counts as communication (``Traffic``) is what each algorithm sends to each client, elided
+or not: the numbers of a run do not change.
 """
 
 from __future__ import annotations
 
 import hashlib
 import uuid
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Iterable
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
@@ -35,12 +38,11 @@ BODIES = "flrep-bodies"  # config record of a message: record name -> digest of 
 MISSING = "flrep-missing"  # config record of a reply: the records this client process does not hold
 PROCESS = "flrep-process"  # config record of the handshake reply: which client process answered
 ELIDE_ABOVE_BYTES = 64 * 1024  # smaller records are sent in every message
-HELD_RECORDS = 4  # records a client process keeps (a message may share several, e.g. a model and a control variate)
 
 #: This client process, as the handshake reply names it.
 PROCESS_ID = uuid.uuid4().hex
-#: The records this client process was last sent in full, by digest (least recently used first).
-HELD: OrderedDict[str, ArrayRecord] = OrderedDict()
+#: The shared records of the last message that named any, by digest, as this client process holds them.
+HELD: dict[str, ArrayRecord] = {}
 
 
 def record_bytes(record: ArrayRecord) -> int:
@@ -127,21 +129,18 @@ def elision_mod(msg: Message, context: Context, call_next: ClientAppCallable) ->
     or answer :data:`MISSING` when this process does not hold one."""
     if not msg.has_content() or BODIES not in msg.content.config_records:
         return call_next(msg, context)
-    bodies = msg.content.config_records[BODIES]
+    bodies = {str(name): str(d) for name, d in msg.content.config_records[BODIES].items()}
     content = RecordDict({name: record for name, record in msg.content.items() if name != BODIES})
+    for d in [d for d in HELD if d not in bodies.values()]:  # an earlier round's: no message needs it again
+        del HELD[d]
     missing = []
     for name, d in bodies.items():
-        d = str(d)
         if name in content.array_records:
             HELD[d] = _copy(content.array_records[name])
         elif d in HELD:
             content[name] = _copy(HELD[d])
         else:
-            missing.append(str(name))
-            continue
-        HELD.move_to_end(d)
-    while len(HELD) > HELD_RECORDS:
-        HELD.popitem(last=False)
+            missing.append(name)
     if missing:
         return Message(RecordDict({MISSING: ConfigRecord({"records": missing})}), reply_to=msg)
     # a new message: the received one stays as it was sent (an in-process grid keeps it)
