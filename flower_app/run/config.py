@@ -299,8 +299,15 @@ def server_device(cfg: DictConfig):
             f"{name!r} is not a device: use cpu, cuda or cuda:N")
     if name == "cpu":
         return torch.device("cpu")
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    count = visible_gpus()
     index = int(name[5:]) if ":" in name else 0
     require(index < count, "eval.server_device", f"{name}, but torch sees {count} CUDA GPU(s) on this machine "
             "(CUDA_VISIBLE_DEVICES counts)")
     return torch.device(name)
+
+
+def visible_gpus() -> int:
+    """The CUDA GPUs this process sees (``CUDA_VISIBLE_DEVICES`` respected, as Ray does)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0

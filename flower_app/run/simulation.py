@@ -27,10 +27,10 @@ from typing import NoReturn
 from flwr.common.logger import log
 from omegaconf import DictConfig
 
-from flower_app.run.config import PROJECT_DIR as APP_DIR
+from flower_app.run.config import PROJECT_DIR as APP_DIR, visible_gpus
 from flower_app.run.console import verbose_chosen
 from flower_app.run.message_delivery import one_pass_delivery
-from flower_app.run.ray_cluster import alive_nodes, check_fits, check_nodes, join
+from flower_app.run.ray_cluster import alive_nodes, check_fits, check_nodes, join, worker_env
 from flower_app.run.stop_signals import catch, stopping_on_signals
 from strategies.state_store import SIMULATION_ENV
 from task.errors import ConfigError
@@ -108,7 +108,7 @@ def _start_ray(init_args: dict[str, object]) -> None:
 
     if ray.is_initialized():
         return
-    pythonpath = os.pathsep.join([*sys.path, *filter(None, [os.environ.get("PYTHONPATH")])])
+    pythonpath = worker_env()["PYTHONPATH"]
     os.environ["PYTHONPATH"] = pythonpath  # as Flower does: Ray's processes import what this one can
     popen = services.ConsolePopen
     services.ConsolePopen = functools.partial(popen, process_group=0)
@@ -144,13 +144,6 @@ def check_resources(sim: DictConfig) -> None:
     if client_gpus > gpus:
         raise ConfigError(f"simulation.client_gpus={client_gpus:g}: this machine has {gpus} CUDA GPU(s); "
                           f"use {'0' if gpus == 0 else f'at most {gpus}'}")
-
-
-def visible_gpus() -> int:
-    """The CUDA GPUs this process sees (``CUDA_VISIBLE_DEVICES`` respected, as Ray does)."""
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def gpu_share(cpus: float, client_cpus: float, gpus: float) -> float:
