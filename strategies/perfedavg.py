@@ -16,8 +16,10 @@ direction of the step is, by ``perfedavg.variant``:
 - ``official``: ∇f(w; D) + ∇f(w; D'), what the official FedRep code's ``LocalUpdateMAML``
   (models/Update.py) computes: its inner step w̃ is formed but the outer loss is taken at w, so
   w̃ is never used (and its ``lr_in = lr*0.001`` with it); it is plain SGD on the support and
-  target losses summed. That class is never called: main_fedrep.py, the script that accepts
-  ``--alg maml``, trains it with the plain local SGD of ``LocalUpdate`` (algorithm=fedavg here).
+  target losses summed. That class is never called. main_fedrep.py, the script that accepts
+  ``--alg maml`` (since 2022-03-28; before, it defined no layers for it), loads every layer of a
+  client's own last model and trains it with ``LocalUpdate``'s plain SGD: Local Only on the
+  round's sampled clients, the average never used (algorithm=local_only here).
 
 w ← w − β·direction through the client optimizer (β = ``train.lr``; ``train.momentum``,
 ``train.weight_decay``, ``train.decay_biases``: the official code's SGD with momentum 0.5 and
