@@ -91,6 +91,21 @@ def test_resume_refuses_another_config_or_a_missing_checkpoint(tmp_path):
         _run(LocalGrid, f"{common} resume={tmp_path / 'elsewhere'}")
 
 
+def test_the_same_data_in_another_data_home_is_the_same_run_and_other_data_is_not(tmp_path, monkeypatch):
+    """A run made on a machine whose data home differs (a lent GPU, a fresh clone) resumes here and
+    still counts in its table; a run on another data file does not."""
+    from flower_app.app.checkpoint import config_differences, plain_config
+
+    monkeypatch.setenv("FLREP_DATA", str(tmp_path / "gpu-home"))
+    there = plain_config(load_config("fedrep_cifar10_100x2", []))
+    monkeypatch.setenv("FLREP_DATA", str(tmp_path / "home"))
+    here = load_config("fedrep_cifar10_100x2", [])
+    assert there["data"]["root"] != str(here.data.root)
+    assert config_differences(there, here) == []
+    there["data"]["root"] = str(tmp_path / "home" / "cifar10-jpeg" / "other.tar")
+    assert config_differences(there, here) == ["data.root"]
+
+
 def test_a_checkpoint_written_before_a_key_existed_resumes_at_that_keys_default(tmp_path):
     import torch
 

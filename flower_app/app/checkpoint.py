@@ -34,6 +34,8 @@ SERVER_FILE = "server.pt"
 FORMAT = 3
 #: Keys that may differ between a run and its resumption (where and how it runs, not what).
 MAY_DIFFER = ("resume", "out_dir", "wandb", "faults", "simulation", "client_state")
+#: Paths resolved on each machine (in its data home): the same data where the last name agrees.
+MAY_MOVE = ("data.root",)
 
 
 def checkpoint_dir(out_dir: Path) -> Path:
@@ -117,7 +119,7 @@ def plain_config(cfg: DictConfig) -> dict[str, Any]:
 def config_differences(saved: dict[str, Any], cfg: DictConfig) -> list[str]:
     """Dotted keys whose values differ between a saved run config and ``cfg``. A key the saved
     config lacks was added to the app after that run was written, and counts as its default
-    (:func:`flower_app.run.config.base_defaults`)."""
+    (:func:`flower_app.run.config.base_defaults`). ``data.root`` may sit in another data home."""
     from flower_app.run.config import base_defaults
 
     saved = _with_defaults(saved, base_defaults())
@@ -130,11 +132,16 @@ def config_differences(saved: dict[str, Any], cfg: DictConfig) -> list[str]:
                 if not prefix and key in MAY_DIFFER:
                     continue
                 walk(a.get(key), b.get(key), f"{prefix}{key}.")
-        elif a != b:
+        elif a != b and not (prefix.rstrip(".") in MAY_MOVE and _same_name(a, b)):
             out.append(prefix.rstrip("."))
 
     walk(saved, now, "")
     return out
+
+
+def _same_name(a: Any, b: Any) -> bool:
+    """Two paths ending in the same file or folder name (the same data in another place)."""
+    return isinstance(a, str) and isinstance(b, str) and Path(a).name == Path(b).name
 
 
 def _with_defaults(saved: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
