@@ -213,20 +213,15 @@ def markdown(every: list[Row]) -> str:
               "Shaded: within 1.5 points of the paper.", ""]
     lines += [
         "## How to read this", "",
-        "- **cells run**: cells with at least one completed run in the committed table, of the cells "
-        "the table declares. **seeds**: completed runs per cell (fewest–most).",
-        "- **numbers**: (cell, metric) pairs with both the paper's number and ours. Each gets one verdict.",
-        "- **within**: ours is within the table's tolerance of the paper's: 1.5 points for a percentage; "
-        "1.5% of the paper's value for other numbers (parameter counts).",
-        "- **explained**, beyond the tolerance: *CI*: the paper's number lies inside the Student-t 95% "
-        "interval of our mean (two seeds or more), so the seeds cannot tell ours from the paper's (not a match); "
-        "*notes*: the table's `explained:` names a cause its notes measure (another cell, an evidence script or "
-        "a run at the paper's scale brings the number within the tolerance), or the cell ran at a declared "
-        "setting other than the paper's (a reduced scale, a variant that tests a cause).",
-        "- **open**: beyond the tolerance with neither. A cause the notes only suspect stays open.",
-        "- **claims hold**: pass/fail statements that hold on every seed, of those run (tables of figures).",
-        "- The verdicts are recomputed from each committed `table.csv` with the table's tolerance "
-        "and `explained:` as they are now; the runs are not needed.", "",
+        "- **cells run**: cells with a completed run, of those declared. **seeds**: runs per cell (fewest–most).",
+        "- **numbers**: (cell, metric) pairs with a paper number; each gets one verdict.",
+        "- **within**: within the tolerance: 1.5 points for a percentage, 1.5% of the paper's value otherwise.",
+        "- **explained**, beyond it: *CI*: the paper's number inside the Student-t 95% interval of our mean "
+        "(two seeds or more; not a match); *notes*: the table's `explained:` names a measured cause (another "
+        "cell, an evidence script, the paper's scale) or a declared setting other than the paper's.",
+        "- **open**: neither. A cause the notes only suspect stays open.",
+        "- **claims hold**: pass/fail statements true on every seed run (tables of figures).",
+        "- Verdicts come from each committed `table.csv` with the table's tolerance and `explained:` now.", "",
     ]
     lines += ["## Beyond the tolerance", "",
               "Per table: the open numbers, those with the paper inside our 95% interval (CI), then those its "
