@@ -17,10 +17,10 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from flower_app.run.run_dir import write_atomic  # noqa: E402
 
 
-def save_figure(fig, path: Path) -> None:
+def save_figure(fig, path: Path, dpi: float = 120) -> None:
     """Write ``fig`` to ``path`` (and its folder) atomically (a reader never sees half a PNG; a
     failed write leaves no file and names ``path``)."""
-    write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=120, bbox_inches="tight"))
+    write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=dpi, bbox_inches="tight"))
 
 
 def plot_run(records: list[dict], plots_dir: Path, title: str) -> list[Path]:
@@ -162,14 +162,19 @@ def plot_linear(records: dict[str, list[dict]], path: Path, title: str) -> Path:
     return path
 
 
+TABLE_PNG_MAX_PX = 6000  # widest table picture, in pixels
+
+
 def plot_table(table, table_rows: list[dict], path: Path) -> None:
     """One panel per column of a reproduced table (two per row): ours (mean ± std over seeds, each bar labelled
-    with its value) beside the paper's."""
+    with its value) beside the paper's. Cells not run yet are left out (their rows say so in table.md)."""
     columns = list(table.columns.values())
-    width = max(5.0, 1.2 * len(table.cells))
+    table_rows = [r for r in table_rows if r["mean"] is not None]
+    shown = {r["label"] for r in table_rows}
+    width = max(5.0, 1.2 * max((sum(r["column"] == c.name for r in table_rows) for c in columns), default=0))
     ncols = min(2, len(columns))
     nrows = math.ceil(len(columns) / ncols)
-    labels = {cell.label: textwrap.fill(cell.label, 32) for cell in table.cells.values()}
+    labels = {cell.label: textwrap.fill(cell.label, 32) for cell in table.cells.values() if cell.label in shown}
     label_lines = max((label.count("\n") + 1 for label in labels.values()), default=1)
     fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, (3.5 + 0.5 * label_lines) * nrows), squeeze=False,
                              layout="constrained")
@@ -178,21 +183,20 @@ def plot_table(table, table_rows: list[dict], path: Path) -> None:
     for ax, col in zip(axes.flat, columns):
         mine = [r for r in table_rows if r["column"] == col.name]
         x = range(len(mine))
-        ours = ax.bar([i - 0.2 for i in x], [r["mean"] if r["mean"] is not None else 0 for r in mine], width=0.4,
+        ours = ax.bar([i - 0.2 for i in x], [r["mean"] for r in mine], width=0.4,
                       yerr=[r["std"] or 0 for r in mine], capsize=3, label="ours (mean ± std over seeds)")
-        ax.bar_label(ours, labels=["" if r["mean"] is None else f"{r['mean']:.1f}" if col.percent else f"{r['mean']:.3g}"
-                                  for r in mine], fontsize=7)
+        ax.bar_label(ours, labels=[f"{r['mean']:.1f}" if col.percent else f"{r['mean']:.3g}" for r in mine], fontsize=7)
         paper = [(i + 0.2, r["paper"]) for i, r in zip(x, mine) if r["paper"] is not None]
         if paper:
             ax.bar(*zip(*paper), width=0.4, color="tab:gray", label="paper")
         ax.set_xticks(list(x), [labels.get(r["label"], r["label"]) for r in mine], rotation=30, ha="right", fontsize=8)
         ax.set_title(textwrap.fill(col.label, int(width * 9)), fontsize=9)
         ax.set_ylabel("%" if col.percent else col.name)
-        means = [r["mean"] for r in mine if r["mean"] is not None]
+        means = [r["mean"] for r in mine]
         if not col.percent and means and min(means) > 0:
             ax.set_yscale("log")
         ax.grid(alpha=0.3, axis="y")
         ax.legend(fontsize=8)
     fig.suptitle(textwrap.fill(table.title, int(width * ncols * 9)), fontsize=10)
-    save_figure(fig, path)
+    save_figure(fig, path, dpi=min(120, TABLE_PNG_MAX_PX / (width * ncols)))  # a table of many cells stays < 1 MB
     plt.close(fig)
