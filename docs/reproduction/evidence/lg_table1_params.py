@@ -59,10 +59,11 @@ def our_runs(k: dict[str, float]) -> list[dict]:
             fed_rounds = switch - 1 if switch else s["rounds"]
             lg_rounds = s.get("lg_rounds_trained", 0)
             counted = s["params_by_phase"]["train"]
-            paper_count = k[method] * (fed_rounds * full + lg_rounds * global_part)
+            one_copy_a_round = fed_rounds * full + lg_rounds * global_part
+            paper_count = k[method] * one_copy_a_round
             rows.append({"cell": cell, "seed": summary_file.parent.name, "fed_rounds": fed_rounds,
                          "lg_rounds": lg_rounds, "ours_counted": counted,
-                         "ours_vectors_per_round": counted / (fed_rounds * full + lg_rounds * global_part),
+                         "ours_vectors_per_round": counted / one_copy_a_round,
                          "paper_count": paper_count, "paper": paper,
                          "paper_count_vs_paper": paper_count / paper - 1})
     return rows
