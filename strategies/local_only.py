@@ -5,7 +5,8 @@ clients train each round is ``local_only.clients``: ``sampled`` (the round's sam
 as every algorithm here) or ``all`` (every training client, every round: the official
 LG-FedAvg and FedRep ``main_local.py``, which train each client for all epochs).
 Client: keeps its whole model in ``context.state`` across rounds (starting from the run's
-common initial weights) and sends back metrics only.
+common initial weights) and sends back metrics only. +FT (``finetune.part=full``) trains that
+own model further: with ``finetune.epochs=5`` the official FedRep ``--alg maml`` final round.
 """
 
 from __future__ import annotations
@@ -92,6 +93,11 @@ def evaluate_own_model(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     return reply(None, **rt.evaluate_local())
 
 
+def load_own_model(rt: ClientRuntime) -> None:
+    """+FT starts from the client's own model (there is no global one)."""
+    load_kept_model(rt, STATE_KEY)
+
+
 def send_own_model(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     """New Test: send the client's own model to the server once."""
     load_kept_model(rt, STATE_KEY)
@@ -112,4 +118,6 @@ ALGORITHM = register(Algorithm(
     handlers={"train": train_locally, "evaluate": evaluate_own_model, "query.localpart": send_own_model},
     shared_keys=None,
     config=LocalOnlyConfig,
+    supports_finetune=True,
+    load_personal=load_own_model,
 ))

@@ -167,6 +167,27 @@ def test_full_finetune_trains_every_layer_on_augmented_batches_as_local_training
     assert not torch.allclose(plain["fc1.1.weight"], tuned["fc1.1.weight"], atol=1e-4)
 
 
+def test_local_only_finetune_trains_the_clients_own_model_further():
+    """Local-only +FT (the official FedRep --alg maml final round): it starts from the client's
+    own kept model, not the received (empty) arrays, and trains every layer of it."""
+    rt = make_runtime(["algorithm=local_only", "finetune.enabled=true", "finetune.part=full", "finetune.epochs=5"])
+    handlers = ALGORITHMS["local_only"].handlers
+    handlers["train"](rt, train_message(rt, ArrayRecord()))
+    own = {k: v.clone() for k, v in rt.model.state_dict().items()}
+    assert not torch.equal(own["fc2.weight"], rt.initial_state["fc2.weight"])
+    rt.reset_model()  # as a fresh message finds it
+    initial_loss = rt.evaluate_local()["loss"]
+    before = handlers["evaluate"](rt, RecordDict({CONFIG: ConfigRecord({"server-round": 1})}))[METRICS]
+    rt.reset_model()
+    out = finetune(rt, RecordDict({ARRAYS: ArrayRecord()}))[METRICS]
+    assert before["loss"] != pytest.approx(initial_loss, rel=1e-3)
+    assert out["loss_before"] == pytest.approx(before["loss"], rel=1e-6)  # the own model, not the initial one
+    tuned = rt.state[rt.state_key("finetuned-model")].to_torch_state_dict()
+    assert all(not torch.equal(tuned[k], own[k]) for k in ("fc1.1.weight", "fc2.weight"))
+    kept = rt.state[rt.state_key("local-model")].to_torch_state_dict()
+    assert all(torch.equal(kept[k], own[k]) for k in own)  # the kept model itself is unchanged
+
+
 @pytest.mark.parametrize("pull", ["gradient", "after_momentum"])
 def test_full_finetune_with_the_proximal_term_is_local_training_with_fedprox_pull(pull):
     """finetune.prox_mu (the official FedRep code's FedProx+FT keeps its FedProx optimizer): the
