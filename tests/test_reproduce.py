@@ -245,6 +245,28 @@ def test_runs_of_an_older_table_revision_are_moved_aside_and_run_again(tiny, tmp
         load_table("tiny")
 
 
+def test_a_failed_run_is_kept_unless_retry_failed_and_then_runs_again_from_the_start(tiny, tmp_path, capsys,
+                                                                                    monkeypatch):
+    """A failed run is a result: resuming a diverged run from its checkpoint diverges again."""
+    from flower_app.app import checkpoint
+    from flower_app.reproduction import runner as rep
+
+    _fake_run(tmp_path, "a", 0, 0.1, status="failed")
+    folder = tmp_path / "runs" / "a" / "seed0"
+    checkpoint.checkpoint_dir(folder).mkdir(parents=True)
+    (checkpoint.checkpoint_dir(folder) / checkpoint.SERVER_FILE).write_text("{}")
+    ran = []
+    monkeypatch.setattr(rep, "run_child", lambda cmd, log: ran.append(cmd) or 0)
+    assert reproduce(load_table("tiny"), "cpu", [0], ["a"], tmp_path) == 1  # the failed run still counts
+    assert ran == [] and json.loads((folder / "summary.json").read_text())["status"] == "failed"
+    out = capsys.readouterr().out
+    assert "a/seed0 failed earlier: kept" in out and "0 already completed, 1 failed earlier, 0 to run" in out
+    assert reproduce(load_table("tiny"), "cpu", [0], ["a"], tmp_path, retry_failed=True) == 1  # no summary: failed
+    assert len(ran) == 1 and "--out" in ran[0] and not any(a.startswith("resume=") for a in ran[0])
+    moved = next((tmp_path / "runs" / "a").glob("seed0.old-*"))
+    assert json.loads((moved / "summary.json").read_text())["status"] == "failed"  # kept aside, never deleted
+
+
 def test_the_report_gives_mean_std_paper_difference_and_claims(tiny, tmp_path):
     table = load_table("tiny")
     for seed, acc in enumerate([0.50, 0.52, 0.54]):

@@ -38,9 +38,11 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
 
         out = Path(args.out).expanduser().resolve()
         again = ["reproduce", args.table, "--scale", args.scale, "--seeds", *map(str, args.seeds), "--out", str(out),
-                 *(["--only", *args.only] if args.only else []), *(["--set", *args.set] if args.set else [])]
+                 *(["--only", *args.only] if args.only else []), *(["--set", *args.set] if args.set else []),
+                 *(["--retry-failed"] if args.retry_failed else [])]
         try:
-            return reproduce(load_table(args.table), args.scale, list(args.seeds), args.only, out, args.set or [])
+            return reproduce(load_table(args.table), args.scale, list(args.seeds), args.only, out, args.set or [],
+                             args.retry_failed)
         except AppChanged as changed:
             print(f"[reproduce] {changed}; starting the same command again with the new app", flush=True)
             sys.stderr.flush()
@@ -65,6 +67,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     rep.add_argument("--set", nargs="+", metavar="KEY=VALUE",
                      help="machine settings for every run (simulation.*, client_state.*, wandb.*), "
                           "e.g. simulation.client_gpus=0.1 on a GPU")
+    rep.add_argument("--retry-failed", action="store_true",
+                     help="move failed runs aside and run them again from the start (default: keep them)")
     rep.add_argument("--list", action="store_true", help="list the tables and their estimated cost on a 2-core CPU")
     rep.add_argument("--index", action="store_true",
                      help="write docs/reproduction.md and docs/reproduction/index.png from every committed table "

@@ -1,7 +1,8 @@
 """``flrep reproduce``: run a paper table's cells over seeds, resumably, and write ours beside the paper's.
 
 Each (cell, seed) is one ``flrep run`` in ``DIR/runs/<cell>/seed<k>/`` (its log beside it as
-``seed<k>.log``): a completed run is kept and read, a checkpointed one is resumed, a started
+``seed<k>.log``): a completed run is kept and read, a failed one is kept as a result (``retry_failed``:
+moved aside and run again from the start), a checkpointed one is resumed, a started
 one without a checkpoint is moved aside (``--force``: never deleted) and run again, as is a run
 made with other settings than its cell's now or under an older ``revision`` of the table. After every
 run ``DIR/reproduce.json`` records what ran (machine, date, commit, wall time; for a resumed run
@@ -132,17 +133,20 @@ def command(table: Table, scale: str, job: Job, folder: Path, settings: list[str
 
 
 def reproduce(table: Table, scale: str, seeds: list[int], only: list[str] | None, out: Path,
-              settings: list[str] = ()) -> int:
-    """Run the table's missing runs and write its report; the exit code (1 if a run failed).
-    ``settings``: machine-only overrides (``--set``) added to every run. A stop signal during a
-    run records it as interrupted, then :class:`Stopped` goes on."""
+              settings: list[str] = (), retry_failed: bool = False) -> int:
+    """Run the table's missing runs and write its report; the exit code (1 if a run failed, now
+    or before). ``settings``: machine-only overrides (``--set``) added to every run.
+    ``retry_failed``: move failed runs aside and run them again from the start (otherwise they
+    are kept: resuming a diverged run diverges again). A stop signal during a run records it as
+    interrupted, then :class:`Stopped` goes on."""
     jobs = plan(table, seeds, only)
     check(table, scale, jobs, out, settings)
     with run_lock.hold(out):  # one command per table folder (each run locks its own folder)
-        return _run_jobs(table, scale, jobs, out, settings)
+        return _run_jobs(table, scale, jobs, out, settings, retry_failed)
 
 
-def _run_jobs(table: Table, scale: str, jobs: list[Job], out: Path, settings: list[str]) -> int:
+def _run_jobs(table: Table, scale: str, jobs: list[Job], out: Path, settings: list[str],
+              retry_failed: bool) -> int:
     """:func:`reproduce` once its checks passed and it owns ``out``."""
     from flower_app.tools.bench_round import commit, machine
 
@@ -158,11 +162,25 @@ def _run_jobs(table: Table, scale: str, jobs: list[Job], out: Path, settings: li
     for key, why in missing_runs(table, out, manifest).items():
         if key in keys:
             print(f"[reproduce] {why}: it runs again", flush=True)
-    todo = [j for j in jobs if (read_summary(run_folder(out, j)) or {}).get("status") != "completed"]
-    print(f"[reproduce] {table.name} at scale {scale!r}: {len(jobs)} runs, {len(jobs) - len(todo)} already "
-          f"completed, {len(todo)} to run (estimated {_minutes(sum(j.cell.minutes.get(scale, 0) for j in todo))})",
-          flush=True)
-    failed, started, spent, estimated_done = [], time.monotonic(), 0.0, 0.0
+    kept_failed = []  # failed runs are results: resuming a diverged run diverges again
+    for job in jobs:
+        if (read_summary(run_folder(out, job)) or {}).get("status") != "failed":
+            continue
+        if retry_failed:
+            moved = run_dir.move_aside(run_folder(out, job))
+            manifest["runs"].pop(job.key, None)
+            print(f"[reproduce] {job.key} failed earlier: moved to {moved}, to run again from the start", flush=True)
+        else:
+            kept_failed.append(job.key)
+            print(f"[reproduce] {job.key} failed earlier: kept (its log: {run_folder(out, job).parent}/"
+                  f"seed{job.seed}.log); --retry-failed moves it aside and runs it again", flush=True)
+    todo = [j for j in jobs if j.key not in kept_failed
+            and (read_summary(run_folder(out, j)) or {}).get("status") != "completed"]
+    print(f"[reproduce] {table.name} at scale {scale!r}: {len(jobs)} runs, "
+          f"{len(jobs) - len(todo) - len(kept_failed)} already completed, "
+          + (f"{len(kept_failed)} failed earlier, " if kept_failed else "") +
+          f"{len(todo)} to run (estimated {_minutes(sum(j.cell.minutes.get(scale, 0) for j in todo))})", flush=True)
+    failed, started, spent, estimated_done = list(kept_failed), time.monotonic(), 0.0, 0.0
     for i, job in enumerate(todo):
         folder = run_folder(out, job)
         left = sum(j.cell.minutes.get(scale, 0) for j in todo[i:])
