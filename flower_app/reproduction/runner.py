@@ -162,20 +162,19 @@ def _run_jobs(table: Table, scale: str, jobs: list[Job], out: Path, settings: li
     for key, why in missing_runs(table, out, manifest).items():
         if key in keys:
             print(f"[reproduce] {why}: it runs again", flush=True)
+    status = {j.key: (read_summary(run_folder(out, j)) or {}).get("status") for j in jobs}
     kept_failed = []  # failed runs are results: resuming a diverged run diverges again
-    for job in jobs:
-        if (read_summary(run_folder(out, job)) or {}).get("status") != "failed":
-            continue
+    for job in [j for j in jobs if status[j.key] == "failed"]:
         if retry_failed:
             moved = run_dir.move_aside(run_folder(out, job))
             manifest["runs"].pop(job.key, None)
+            status[job.key] = None
             print(f"[reproduce] {job.key} failed earlier: moved to {moved}, to run again from the start", flush=True)
         else:
             kept_failed.append(job.key)
             print(f"[reproduce] {job.key} failed earlier: kept (its log: {run_folder(out, job).parent}/"
                   f"seed{job.seed}.log); --retry-failed moves it aside and runs it again", flush=True)
-    todo = [j for j in jobs if j.key not in kept_failed
-            and (read_summary(run_folder(out, j)) or {}).get("status") != "completed"]
+    todo = [j for j in jobs if status[j.key] not in ("completed", "failed")]
     print(f"[reproduce] {table.name} at scale {scale!r}: {len(jobs)} runs, "
           f"{len(jobs) - len(todo) - len(kept_failed)} already completed, "
           + (f"{len(kept_failed)} failed earlier, " if kept_failed else "") +
