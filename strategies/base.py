@@ -233,7 +233,7 @@ class Algorithm:
     - ``server_opts``: the values of ``server_opt.name`` it accepts (``none``: no server optimizer).
     - ``supports_finetune``: whether ``finetune.enabled`` (+FT) applies.
     - ``load_personal``: what a client puts over the received global arrays before +FT (FedPer,
-      FedRep: its own head, as the official FedRep code's final round); None: nothing.
+      FedRep: its own head, as the official FedRep code's final round; Local-only: its own model); None: nothing.
     - ``local_representation``: whether clients keep a local representation (fair adversarial training needs one).
     - ``snapshot_after``: message types after which the client's state is snapshotted (resume).
     - ``description``: one phrase and its paper, shown by ``flrep list`` (optional).
