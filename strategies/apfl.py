@@ -2,24 +2,30 @@
 kept on the client, with the global model w: v̄ = αv + (1 − α)w.
 
 Server: FedAvg of w (weights: ``train.aggregation``).
-Client: from the received w^t, w and its own v (the run's common initial weights the first time,
-as the official code's ``w_locals``) train side by side on the same batches for the usual local
-epochs, each with its own SGD state: w on f_i(w), v on f_i(v̄) with v̄ formed from the w of
-before each step (:func:`task.learning.mixture.train_mixture`). The reply is the new w; v stays.
+Client: from the received w^t, w and its own v train side by side on the same batches for the
+usual local epochs. ``apfl.variant``: ``paper`` (Algorithm 1: each with its own SGD state, w on
+f_i(w), v on f_i(v̄) with v̄ formed from the w of before each step,
+:func:`task.learning.mixture.train_mixture`) or ``official`` (the official FedRep code's
+``LocalUpdateAPFL``: v stepped through αv + αw on α·f_i, with w's optimizer and momentum,
+:func:`task.learning.mixture.train_mixture_official`). A client's first v is ``apfl.start``:
+``initial`` (the run's common initial weights) or ``received`` (the w^t it first receives: the
+official ``main_apfl.py``, whose ``w_locals`` alias the global model until a client's first
+update). The reply is the new w; v stays.
 α is ``apfl.alpha``, fixed (the official FedRep code, ``--alpha_apfl 0.75``, and the FedRep
 paper) or, with ``apfl.adaptive``, the APFL paper's adaptive α: each client starts from
 ``apfl.alpha`` and steps it along ∂f_i(v̄)/∂α at the client rate, kept in [0, 1] on the client.
 Evaluation scores v̄ = αv + (1 − α)w with the current w on the client's local test split.
 
-The official ``LocalUpdateAPFL`` trains v through αv + αw (a slip for αv + (1 − α)w: its
-evaluation, ``main_apfl.py``, mixes with 1 − α) and steps v with w's optimizer and momentum;
-we follow the paper's mixture and give v its own optimizer.
+The official ``αv + αw`` is a slip for αv + (1 − α)w (its evaluation, ``main_apfl.py``, mixes with
+1 − α), and ``main_apfl.py`` cannot run as published (``w_glob_keys`` is never defined); the
+``official`` switches are there to measure what that code would do.
 """
 
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from flwr.app import RecordDict
@@ -27,10 +33,10 @@ from flwr.serverapp.strategy import Strategy
 from omegaconf import MISSING, DictConfig
 
 from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, WeightedAverage, all_keys, register
-from strategies.checks import require, unit_interval
+from strategies.checks import one_of, require, unit_interval
 from strategies.common import ARRAYS, NUM_EXAMPLES, ClientRuntime, reply, round_config
-from strategies.state_store import keep_arrays, kept_arrays
-from task.learning.mixture import mixed_state, train_mixture
+from strategies.state_store import PERSONAL_STARTS, keep_arrays, kept_arrays
+from task.learning.mixture import mixed_state, train_mixture, train_mixture_official
 
 PERSONAL = "personal-model"
 MIXING_WEIGHT = "mixing-weight"
@@ -45,10 +51,12 @@ def make_strategy(cfg: DictConfig) -> Strategy:
     return APFLServer(**TAKE_ALL_NODES).average_as(cfg)
 
 
-def personal_state(rt: ClientRuntime) -> dict[str, torch.Tensor]:
-    """The client's own v (the run's initial weights if it has none yet)."""
+def personal_state(rt: ClientRuntime, received: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The client's own v; if it has none yet, ``apfl.start``'s: the received w or the initial weights."""
     own = kept_arrays(rt, PERSONAL)
-    return own if own is not None else {k: v.clone() for k, v in rt.initial_state.items()}
+    if own is not None:
+        return own
+    return {k: v.clone() for k, v in (received if rt.cfg.apfl.start == "received" else rt.initial_state).items()}
 
 
 def mixing_weight(rt: ClientRuntime) -> float:
@@ -63,11 +71,16 @@ def train_apfl(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     server_round = int(config["server-round"])
     rt.load(content[ARRAYS])
     personal = copy.deepcopy(rt.model)
-    personal.load_state_dict(personal_state(rt))
-    t = rt.cfg.train
-    result, alpha = train_mixture(rt.model, personal, mixing_weight(rt), rt.train, rt.optimizer(server_round),
-                                  int(t.batch_size), rt.generator(server_round), int(t.local_epochs), t.local_steps,
-                                  adaptive=bool(rt.cfg.apfl.adaptive), regression=rt.regression, augment=rt.augment)
+    personal.load_state_dict(personal_state(rt, rt.model.state_dict()))
+    t, alpha = rt.cfg.train, mixing_weight(rt)
+    batches = (rt.train, rt.optimizer(server_round), int(t.batch_size), rt.generator(server_round),
+               int(t.local_epochs), t.local_steps)
+    if rt.cfg.apfl.variant == "official":
+        result = train_mixture_official(rt.model, personal, alpha, *batches, regression=rt.regression,
+                                        augment=rt.augment)
+    else:
+        result, alpha = train_mixture(rt.model, personal, alpha, *batches, adaptive=bool(rt.cfg.apfl.adaptive),
+                                      regression=rt.regression, augment=rt.augment)
     keep_arrays(rt, PERSONAL, personal.state_dict())
     if rt.cfg.apfl.adaptive:
         keep_arrays(rt, MIXING_WEIGHT, {"alpha": torch.tensor([alpha])})
@@ -78,7 +91,8 @@ def train_apfl(rt: ClientRuntime, content: RecordDict) -> RecordDict:
 def evaluate_mixture(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     """Score v̄ = αv + (1 − α)w, with the received w, on the local test split."""
     rt.load(content[ARRAYS])
-    rt.model.load_state_dict(mixed_state(personal_state(rt), rt.model.state_dict(), mixing_weight(rt)))
+    received = rt.model.state_dict()
+    rt.model.load_state_dict(mixed_state(personal_state(rt, received), received, mixing_weight(rt)))
     return reply(None, **rt.evaluate_local())
 
 
@@ -88,11 +102,15 @@ class APFLConfig:
 
     alpha: float = unit_interval()  # α, the personal model's share of the mixture (the start when adaptive)
     adaptive: bool = MISSING  # the APFL paper's adaptive α (per client) instead of a fixed one
+    variant: Literal["paper", "official"] = MISSING  # Algorithm 1's step of v, or the official LocalUpdateAPFL's
+    start: one_of(PERSONAL_STARTS) = MISSING  # type: ignore[valid-type]  # a client's first v
 
 
 def check(cfg: DictConfig) -> None:
     """APFL trains whole models with plain SGD: not the fair model's adversarial training."""
     require(cfg.model.name != "adult_fair", "algorithm", "apfl does not train model.name=adult_fair (fair training)")
+    require(not (cfg.apfl.adaptive and cfg.apfl.variant == "official"), "apfl.adaptive",
+            "the official LocalUpdateAPFL has a fixed alpha: adaptive needs apfl.variant=paper")
 
 
 ALGORITHM = register(Algorithm(

@@ -3,13 +3,15 @@ model v on each client, kept there, trained on f_i(v) + (λ/2)·‖v − w‖².
 
 Server: FedAvg of w (weights: ``train.aggregation``).
 Client: from the received w^t, the usual local epochs of SGD on f_i (the reply: the new w);
-then its own v (the run's common initial weights the first time, as the official code's
-``w_locals``) trained for the same local epochs toward w^t, λ = ``ditto.lam``. Where the pull
+then its own v trained for the same local epochs toward w^t, λ = ``ditto.lam``. A client's first v
+is ``ditto.start``: ``initial`` (the run's common initial weights, w⁰ as in Ditto's Algorithm 1) or
+``received`` (the w^t it first receives: the official ``main_ditto.py``, whose ``w_locals`` alias
+the global model's tensors until a client's first update). Where the pull
 λ(v − w^t) enters is ``ditto.pull``: ``gradient`` (Ditto's objective; the client's momentum
 carries it) or ``after_momentum`` (the official FedRep code, ``models/Update.py``
 ``LocalUpdateDitto``: v ← v_step − lr·λ(v − w^t) after the momentum step). v never leaves the client.
 Evaluation (the server sends no arrays) scores v on the client's local test split (a never-sampled client: the initial
-weights, as the official code does).
+weights).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from omegaconf import MISSING, DictConfig
 from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, WeightedAverage, all_keys, register
 from strategies.checks import nonnegative, one_of, require
 from strategies.common import ARRAYS, NUM_EXAMPLES, ClientRuntime, reply, round_config
-from strategies.state_store import keep_arrays, load_kept_model
+from strategies.state_store import PERSONAL_STARTS, keep_arrays, load_kept_model
 from task.learning.engine import PROX_PULLS
 
 PERSONAL = "personal-model"
@@ -50,9 +52,10 @@ def train_ditto(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     config = round_config(content)
     rt.load(content[ARRAYS])
     received = [p.detach().clone() for p in rt.model.parameters()]
+    start = {k: v.clone() for k, v in rt.model.state_dict().items()} if rt.cfg.ditto.start == "received" else None
     global_result = rt.local_training(config)
     new_global = rt.arrays()
-    load_kept_model(rt, PERSONAL)
+    load_kept_model(rt, PERSONAL, fallback=start)
     personal_result = rt.local_training(config, prox_mu=float(rt.cfg.ditto.lam), prox_pull=str(rt.cfg.ditto.pull),
                                         prox_anchor=received, salt=PERSONAL_SALT)
     keep_arrays(rt, PERSONAL, rt.model.state_dict())
@@ -72,6 +75,7 @@ class DittoConfig:
 
     lam: float = nonnegative()  # λ: the pull of the personal model toward the global one
     pull: one_of(PROX_PULLS) = MISSING  # type: ignore[valid-type]  # where λ(v − w^t) enters the personal step
+    start: one_of(PERSONAL_STARTS) = MISSING  # type: ignore[valid-type]  # a client's first v
 
 
 def check(cfg: DictConfig) -> None:

@@ -113,12 +113,21 @@ def kept_arrays(rt: ClientRuntime, name: str) -> dict[str, torch.Tensor] | None:
     return torch.load(str(record["path"]), weights_only=True)
 
 
-def load_kept_model(rt: ClientRuntime, name: str) -> bool:
-    """Put the whole model kept under ``name`` into ``rt.model`` (the run's common initial weights
-    if the client has none yet, as the official codes start their local models). True if kept."""
+#: Where a client's kept model starts before its first update: the run's common initial weights, or
+#: the global model it receives then (the official FedRep scripts, whose ``w_locals`` alias the global
+#: model's tensors until a client's first update).
+PERSONAL_STARTS = ("initial", "received")
+
+
+def load_kept_model(rt: ClientRuntime, name: str, fallback: dict[str, torch.Tensor] | None = None) -> bool:
+    """Put the whole model kept under ``name`` into ``rt.model``; a client with none yet gets
+    ``fallback``, or the run's common initial weights. True if kept."""
     own = kept_arrays(rt, name)
     if own is None:
-        rt.reset_model()
+        if fallback is None:
+            rt.reset_model()
+        else:
+            rt.model.load_state_dict(fallback)
         return False
     rt.model.load_state_dict(own)
     return True

@@ -94,6 +94,56 @@ def test_apfl_evaluates_the_mixture_of_its_own_model_and_the_received_one():
     assert scores["metrics"]["loss"] == pytest.approx(rt.evaluate_local()["loss"], rel=1e-6)
 
 
+def test_the_official_apfl_step_mixes_with_alpha_twice_and_shares_one_momentum():
+    """LocalUpdateAPFL: w steps on f(w); u = αv + αw_before steps on α·f(u) with the same momentum
+    buffer; v moves by u's step. Two full-batch steps at momentum 0.5, written out by hand."""
+    rt = make_runtime("apfl", ["train.momentum=0.5", "train.weight_decay=0", "train.local_steps=2",
+                               "train.batch_size=40", "apfl.alpha=0.6", "apfl.variant=official"])
+    w, v = params(rt.model), perturbed(rt, 0.3, 4)
+    keep_arrays(rt, apfl.PERSONAL, {**rt.model.state_dict(), **v})
+    sent = apfl.train_apfl(rt, message(rt, w))
+    lr, a = float(rt.cfg.train.lr), 0.6
+
+    def grad(x, scale=1.0):
+        leaves = {k: t.clone().requires_grad_(True) for k, t in x.items()}
+        return dict(zip(leaves, torch.autograd.grad(scale * loss_at(rt, leaves), list(leaves.values()))))
+
+    want_w, want_v, buf = dict(w), dict(v), None
+    for _ in range(2):
+        g = grad(want_w)
+        buf = g if buf is None else {k: 0.5 * buf[k] + g[k] for k in g}
+        stepped = {k: want_w[k] - lr * buf[k] for k in g}
+        mixed = {k: a * want_v[k] + a * want_w[k] for k in g}
+        g = grad(mixed, a)
+        buf = {k: 0.5 * buf[k] + g[k] for k in g}
+        want_v = {k: want_v[k] - lr * buf[k] for k in g}
+        want_w = stepped
+    got_v = kept_arrays(rt, apfl.PERSONAL)
+    for k in w:
+        torch.testing.assert_close(got_v[k], want_v[k], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(torch.as_tensor(sent[ARRAYS][k].numpy()), want_w[k], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("algorithm, start", [("apfl", "initial"), ("apfl", "received"),
+                                              ("ditto", "initial"), ("ditto", "received")])
+def test_a_clients_first_personal_model_starts_where_start_says(algorithm, start):
+    """With nothing kept yet, v starts from the run's initial weights or from the received w."""
+    rt = make_runtime(algorithm, [*ONE_FULL_BATCH_STEP, f"{algorithm}.start={start}", "ditto.lam=0.7"])
+    initial, w = params(rt.model), perturbed(rt, 0.3, 5)
+    v0 = w if start == "received" else initial
+    sent = (apfl.train_apfl if algorithm == "apfl" else ditto.train_ditto)(rt, message(rt, w))
+    lr = float(rt.cfg.train.lr)
+    if algorithm == "apfl":
+        objective = lambda x: loss_at(rt, {k: 0.75 * x[k] + 0.25 * w[k] for k in w})  # noqa: E731
+    else:
+        objective = lambda x: loss_at(rt, x) + 0.35 * sum(((x[k] - w[k]) ** 2).sum() for k in x)  # noqa: E731
+    want_v = objective_step(rt, v0, objective, lr)
+    got_v = kept_arrays(rt, apfl.PERSONAL if algorithm == "apfl" else ditto.PERSONAL)
+    for k in want_v:
+        torch.testing.assert_close(got_v[k], want_v[k], rtol=1e-5, atol=1e-6)
+    assert ARRAYS in sent
+
+
 def l2gd_objective(rt, models: list[dict[str, torch.Tensor]], i: int, lam: float):
     """L2GD's F(x) = (1/n) Σ f_j(x_j) + (λ/2n) Σ ‖x_j − x̄‖², as a function of client i's model."""
     n = len(models)
@@ -159,6 +209,10 @@ def test_l2gd_clients_send_their_models_in_aggregation_steps_only(tmp_path):
     ("ditto.pull=after", "ditto.pull", "after_momentum"),
     ("apfl.alpha=2", "apfl.alpha", "[0, 1]"),
     ("apfl.alpha=-0.1", "apfl.alpha", "[0, 1]"),
+    ("apfl.variant=both", "apfl.variant", "official"),
+    ("apfl.start=zero", "apfl.start", "received"),
+    ("algorithm=apfl apfl.adaptive=true apfl.variant=official", "apfl.adaptive", "apfl.variant=paper"),
+    ("ditto.start=global", "ditto.start", "received"),
     ("l2gd.p=1", "l2gd.p", "[0, 1)"),
     ("algorithm=l2gd l2gd.p=0", "l2gd.p", "never aggregates"),
     ("l2gd.alpha=0", "l2gd.alpha", "positive"),

@@ -15,6 +15,8 @@ BASE = "wandb.enabled=false compare=[] data.num_clients=6 train.fraction=0.5 rou
 PRIVATE = {  # algorithm -> overrides of a run in which clients keep private state
     "ditto": "algorithm=ditto",
     "apfl": "algorithm=apfl apfl.adaptive=true",
+    "apfl-official": "algorithm=apfl apfl.variant=official apfl.start=received",  # v starts as the received w
+    "ditto-received": "algorithm=ditto ditto.start=received",
     "fedrep": "algorithm=fedrep fedrep.head_epochs=1",
     "fedper": "algorithm=fedper",
     "lg_fedavg": "algorithm=lg_fedavg lg.fedavg_rounds=1 lg.global_part=[fc2]",

@@ -29,6 +29,7 @@ CASES = {
     "local_only-all_clients": "algorithm=local_only local_only.clients=all",
     "ditto": "algorithm=ditto",  # the personal models
     "apfl-adaptive": "algorithm=apfl apfl.adaptive=true",  # the personal models and mixing weights
+    "apfl-official": "algorithm=apfl apfl.variant=official apfl.start=received",
     "fed_mtl": "algorithm=fed_mtl mtl.lam1=0.5 mtl.lam2=0.01",  # the server's columns, the clients' models
     "fed_mtl-official": "algorithm=fed_mtl mtl.lam1=0.5 mtl.omega=official mtl.columns=sampled",
     "perfedavg": "algorithm=perfedavg perfedavg.inner_lr=0.01",

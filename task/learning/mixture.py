@@ -1,5 +1,6 @@
-"""APFL's local loop: a global model w and a personal model v trained side by side on the same
-batches, v through the mixture v̄ = αv + (1 − α)w (Deng, Kamani, Mahdavi 2020, Algorithm 1)."""
+"""APFL's local loops: a global model w and a personal model v trained side by side on the same
+batches, v through the mixture v̄ = αv + (1 − α)w (Deng, Kamani, Mahdavi 2020, Algorithm 1), or
+as the official FedRep code's ``LocalUpdateAPFL`` writes it."""
 
 from __future__ import annotations
 
@@ -52,3 +53,44 @@ def train_mixture(global_model: nn.Module, personal_model: nn.Module, alpha: flo
         samples += len(yb)
         num_steps += 1
     return TrainResult(float(total) / max(samples, 1), num_steps, samples), float(a.detach())
+
+
+def train_mixture_official(global_model: nn.Module, personal_model: nn.Module, alpha: float, data: TensorData,
+                           optimizer: OptimizerConfig, batch_size: int, generator: torch.Generator,
+                           epochs: int | None = 1, steps: int | None = None, regression: bool = False,
+                           augment: str | None = None) -> TrainResult:
+    """The official FedRep code's ``LocalUpdateAPFL`` step, in place; returns w's training result.
+
+    Each batch, with one optimizer (one momentum buffer) for both steps: w takes its SGD step on
+    f(w); the model is set to u = αv + αw (w of before that step: the code's slip for
+    αv + (1 − α)w), steps on α·f(u), and v moves by that step, v ← v + (u' − u); then w is restored.
+    Only parameters are mixed and stepped (buffers stay w's).
+    """
+    loss_fn = loss_function(regression)
+    weights_w, weights_v = list(global_model.parameters()), list(personal_model.parameters())
+    opt = optimizer.build(weights_w, global_model)
+    global_model.train()
+    total = torch.zeros((), device=data.y.device)
+    num_steps, samples = 0, 0
+    for xb, yb in training_batches(data, batch_size, generator, epochs, steps, augment):
+        before = [w.detach().clone() for w in weights_w]
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(global_model(xb), yb)
+        loss.backward()
+        opt.step()
+        stepped = [w.detach().clone() for w in weights_w]
+        with torch.no_grad():
+            for w, v, w0 in zip(weights_w, weights_v, before):
+                w.copy_(alpha * v + alpha * w0)
+        mixed = [w.detach().clone() for w in weights_w]
+        opt.zero_grad(set_to_none=True)
+        (alpha * loss_fn(global_model(xb), yb)).backward()
+        opt.step()
+        with torch.no_grad():
+            for w, v, u, w1 in zip(weights_w, weights_v, mixed, stepped):
+                v.add_(w - u)
+                w.copy_(w1)
+        total += loss.detach() * len(yb)
+        samples += len(yb)
+        num_steps += 1
+    return TrainResult(float(total) / max(samples, 1), num_steps, samples)
