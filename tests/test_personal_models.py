@@ -7,7 +7,7 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from torch.func import functional_call
 
 from flower_app.run.config import load_config
-from strategies import apfl, ditto, l2gd
+from strategies import ALGORITHMS, apfl, ditto, l2gd
 from strategies.common import ARRAYS, CONFIG
 from strategies.state_store import keep_arrays, kept_arrays
 from task.errors import ConfigError
@@ -142,6 +142,24 @@ def test_a_clients_first_personal_model_starts_where_start_says(algorithm, start
     for k in want_v:
         torch.testing.assert_close(got_v[k], want_v[k], rtol=1e-5, atol=1e-6)
     assert ARRAYS in sent
+
+
+def test_local_from_average_trains_the_received_average_only_until_it_has_its_own_model():
+    """The official --alg maml path: a first model is the received average; after that the
+    client trains, sends and scores its own model, whatever average it receives."""
+    rt = make_runtime("local_from_average", ONE_FULL_BATCH_STEP)
+    handlers, lr = ALGORITHMS["local_from_average"].handlers, float(rt.cfg.train.lr)
+    first, later = perturbed(rt, 0.3, 6), perturbed(rt, 0.3, 7)
+    own = objective_step(rt, first, lambda x: loss_at(rt, x), lr)
+    sent = handlers["train"](rt, message(rt, first))
+    own_again = objective_step(rt, own, lambda x: loss_at(rt, x), lr)
+    sent_again = handlers["train"](rt, message(rt, later, server_round=2))
+    for k in own:
+        torch.testing.assert_close(torch.as_tensor(sent[ARRAYS][k].numpy()), own[k], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(torch.as_tensor(sent_again[ARRAYS][k].numpy()), own_again[k], rtol=1e-5, atol=1e-6)
+    scores = handlers["evaluate"](rt, message(rt, later, server_round=2))
+    rt.model.load_state_dict({**rt.model.state_dict(), **own_again})
+    assert scores["metrics"]["loss"] == pytest.approx(rt.evaluate_local()["loss"], rel=1e-6)
 
 
 def l2gd_objective(rt, models: list[dict[str, torch.Tensor]], i: int, lam: float):

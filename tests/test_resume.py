@@ -27,6 +27,7 @@ CASES = {
     "tct": "algorithm=tct tct.stage1_rounds=2 tct.features=64 tct.local_steps=2 rounds=8",
     "fedavg-local_model_accuracy": "algorithm=fedavg fedavg.local_model_accuracy=true",  # its kept local scores
     "local_only-all_clients": "algorithm=local_only local_only.clients=all",
+    "local_from_average": "algorithm=local_from_average",  # the clients' own models
     "ditto": "algorithm=ditto",  # the personal models
     "apfl-adaptive": "algorithm=apfl apfl.adaptive=true",  # the personal models and mixing weights
     "apfl-official": "algorithm=apfl apfl.variant=official apfl.start=received",

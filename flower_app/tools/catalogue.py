@@ -75,4 +75,5 @@ def experiment_lines(names: Iterable[str], catalogue: Mapping[str, Entry]) -> li
 
 def algorithm_lines(descriptions: Mapping[str, str]) -> list[str]:
     """One line per algorithm: its ``algorithm=`` name and its description (with its paper)."""
-    return [f"  {name:14s}{text or '-'}" for name, text in descriptions.items()]
+    width = max((len(name) for name in descriptions), default=0) + 2
+    return [f"  {name:{width}s}{text or '-'}" for name, text in descriptions.items()]
