@@ -116,8 +116,9 @@ def body_parameters(rt: ClientRuntime) -> list[torch.nn.Parameter]:
 
 def evaluate_with_own_head(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     """Global body + the client's head. A client without a head yet (never sampled) uses the
-    run's initial head (``fedrep.unsampled_head=initial``, the official code) or first fits one
-    on its data, not kept (``fit``)."""
+    run's initial head (``fedrep.unsampled_head=initial``) or first fits one on its data, not
+    kept (``fit``). The official code scores the last average of the heads (its ``w_locals``
+    alias the global model)."""
     rt.load(content[ARRAYS])
     if not load_own_head(rt) and rt.cfg.fedrep.unsampled_head == "fit":
         fit_head(rt, int(round_config(content)["server-round"]), COLD_START_SALT)
