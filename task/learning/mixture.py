@@ -82,13 +82,12 @@ def train_mixture_official(global_model: nn.Module, personal_model: nn.Module, a
         with torch.no_grad():
             for w, v, w0 in zip(weights_w, weights_v, before):
                 w.copy_(alpha * v + alpha * w0)
-        mixed = [w.detach().clone() for w in weights_w]
         opt.zero_grad(set_to_none=True)
         (alpha * loss_fn(global_model(xb), yb)).backward()
         opt.step()
         with torch.no_grad():
-            for w, v, u, w1 in zip(weights_w, weights_v, mixed, stepped):
-                v.add_(w - u)
+            for w, v, w0, w1 in zip(weights_w, weights_v, before, stepped):
+                v.add_(w - (alpha * v + alpha * w0))  # u' − u, u recomputed bit for bit
                 w.copy_(w1)
         total += loss.detach() * len(yb)
         samples += len(yb)
