@@ -213,15 +213,15 @@ def markdown(every: list[Row]) -> str:
               "Shaded: within 1.5 points of the paper.", ""]
     lines += [
         "## How to read this", "",
-        "- **cells run**: cells with a completed run, of those declared. **seeds**: runs per cell (fewest–most).",
-        "- **numbers**: (cell, metric) pairs with a paper number; each gets one verdict.",
-        "- **within**: within the tolerance: 1.5 points for a percentage, 1.5% of the paper's value otherwise.",
+        "- **cells run**: cells with a completed run / declared. **seeds**: runs per cell (fewest–most).",
+        "- **numbers**: (cell, metric) pairs with a paper number, one verdict each.",
+        "- **within**: 1.5 points of a percentage, 1.5% of other values.",
         "- **explained**, beyond it: *CI*: the paper's number inside the Student-t 95% interval of our mean "
         "(two seeds or more; not a match); *notes*: the table's `explained:` names a measured cause (another "
         "cell, an evidence script, the paper's scale) or a declared setting other than the paper's.",
-        "- **open**: neither. A cause the notes only suspect stays open.",
+        "- **open**: neither; a cause the notes only suspect stays open.",
         "- **claims hold**: pass/fail statements true on every seed run (tables of figures).",
-        "- Verdicts come from each committed `table.csv` with the table's tolerance and `explained:` now.", "",
+        "- Verdicts: each committed `table.csv` with the table's tolerance and `explained:` now.", "",
     ]
     lines += ["## Beyond the tolerance", "",
               "Per table: the open numbers, those with the paper inside our 95% interval (CI), then those its "
