@@ -224,8 +224,7 @@ def markdown(every: list[Row]) -> str:
         "- Verdicts: each committed `table.csv` with the table's tolerance and `explained:` now.", "",
     ]
     lines += ["## Beyond the tolerance", "",
-              "Per table: the open numbers, those with the paper inside our 95% interval (CI), then those its "
-              "notes explain (ids as in `conf/tables/<table>.yaml`).", ""]
+              "Open, then CI, then explained by the notes (ids as in `conf/tables/<table>.yaml`).", ""]
     for r in every:
         beyond = [x for x in r.numbers if x.verdict != "within"]
         if not beyond:
@@ -241,7 +240,6 @@ def markdown(every: list[Row]) -> str:
         lines += ["  - " + ", ".join(f"`{x.cell}.{x.column}` {_diff(x)}" for x in same) + f": {why}"
                   for why, same in reasons.items()]
     lines += ["", "## Links", "",
-              "- Each table's page (linked above): setting, machines, commits, notes, every number, its figure.",
               "- [How the tables are made](reproduction/how_it_works.md): `flrep reproduce`, resuming, "
               "what is committed, when runs go stale.",
               "- Evidence behind the notes: [reproduction/evidence/](reproduction/evidence/).",
