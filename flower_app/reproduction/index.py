@@ -215,7 +215,7 @@ def markdown(every: list[Row]) -> str:
         "## How to read this", "",
         "- **cells run**: cells with a completed run / declared. **seeds**: runs per cell (fewest–most).",
         "- **numbers**: (cell, metric) pairs with a paper number, one verdict each.",
-        "- **within**: 1.5 points of a percentage, 1.5% of other values.",
+        "- **within**: within 1.5 points of the paper (percentages), 1.5% of its value otherwise.",
         "- **explained**, beyond it: *CI*: the paper's number inside the Student-t 95% interval of our mean "
         "(two seeds or more; not a match); *notes*: the table's `explained:` names a measured cause (another "
         "cell, an evidence script, the paper's scale) or a declared setting other than the paper's.",
