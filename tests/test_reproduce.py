@@ -291,6 +291,18 @@ def test_the_report_gives_mean_std_paper_difference_and_claims(tiny, tmp_path):
     assert rows[0].startswith("cell,label,column") and len(rows) == 1 + 4
 
 
+def test_the_report_gives_the_notes_reason_for_each_explained_number_beyond_the_tolerance(tiny, tmp_path):
+    (tiny / "tiny.yaml").write_text(TINY + "explained:\n  a.acc: never shown, a is within\n"
+                                           "  b.acc: measured in another cell\n")
+    table = load_table("tiny")
+    _fake_run(tmp_path, "a", 0, 0.505)  # +0.5: within the tolerance
+    _fake_run(tmp_path, "b", 0, 0.80)   # -10.0: beyond it, explained
+    write_report(table, "cpu", tmp_path, {"table": "tiny", "scale": "cpu", "runs": {}})
+    md = (tmp_path / "table.md").read_text()
+    assert "**Explained by the notes**" in md and "- `b.acc`: measured in another cell\n" in md
+    assert "never shown" not in md
+
+
 def test_a_cell_reports_only_its_own_columns_and_an_interval_can_exclude_the_paper(tiny, tmp_path):
     (tiny / "tiny.yaml").write_text(TINY.replace("paper: {acc: 90.0}}", "paper: {acc: 90.0}, columns: [acc]}"))
     table = load_table("tiny")

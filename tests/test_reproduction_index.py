@@ -79,8 +79,9 @@ def test_each_table_gets_its_counts_verdicts_and_a_link(tree):
     assert "| [Paper A, Table 1](reproduction/a/table.md) | 4/5 | 1–3 | 5 | 2 | 2 (1 CI, 1 notes) | 1 | 1/1 |" in page
     assert "| [Paper B, Figure 2](../conf/tables/b.yaml) | 0/2 | – | – | – | – | – | – |" in page
     assert "In all: 5 numbers, 2 within the tolerance, 2 explained, 1 open." in page
-    assert ("- `a`: **open**: `d.acc` +5.00 (1 seed); CI: `b.acc` −3.00\n"
-            "  - `c.acc` +5.00: a cause measured in another cell\n") in page
+    assert ("- [`a`](reproduction/a/table.md): **open**: `d.acc` +5.00 (1 seed); CI: `b.acc` −3.00; "
+            "notes: `c.acc` +5.00\n") in page
+    assert "a cause measured in another cell" not in page  # the reason is on the table's page
     assert "`a.acc`" not in page  # a number within the tolerance is not listed
 
 

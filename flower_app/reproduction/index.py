@@ -82,7 +82,6 @@ class Number:
     n: int
     ci95: float | None
     verdict: str  # "within", "interval" (the paper inside our 95% interval), "declared" or "open"
-    reason: str = ""
 
     @property
     def difference(self) -> float:
@@ -105,17 +104,17 @@ class Row:
 
 
 def verdict(table: Table, cell: str, column: str, percent: bool, mean: float, paper: float,
-            n: int, ci95: float | None) -> tuple[str, str]:
-    """The verdict of one number and, when declared, its reason (see the module docstring)."""
+            n: int, ci95: float | None) -> str:
+    """The verdict of one number (see the module docstring)."""
     tol = table.tolerance
     diff = abs(mean - paper)
     if tol is not None and diff <= (tol if percent else tol / 100 * abs(paper)) + 1e-9:
-        return "within", ""
+        return "within"
     if n >= 2 and ci95 is not None and diff <= ci95:
-        return "interval", ""
+        return "interval"
     if (cell, column) in table.explained:
-        return "declared", table.explained[(cell, column)]
-    return "open", ""
+        return "declared"
+    return "open"
 
 
 def numbers(table: Table, table_csv: str) -> list[Number]:
@@ -130,7 +129,7 @@ def numbers(table: Table, table_csv: str) -> list[Number]:
         mean, paper, n = float(r["mean"]), float(r["paper"]), int(r["n"])
         ci95 = ci95_half_width(float(r["std"]), n) if r["std"] else None
         judged = verdict(table, r["cell"], r["column"], percent, mean, paper, n, ci95)
-        out.append(Number(r["cell"], r["column"], percent, mean, paper, n, ci95, *judged))
+        out.append(Number(r["cell"], r["column"], percent, mean, paper, n, ci95, judged))
     return out
 
 
@@ -160,8 +159,8 @@ def rows(source: Source) -> list[Row]:
     return sorted(every, key=lambda r: (not any(c.paper for c in r.table.cells.values()), r.table.name))
 
 
-def _link(r: Row) -> str:
-    name = r.table.short or r.table.title
+def _link(r: Row, text: str = "") -> str:
+    name = text or r.table.short or r.table.title
     target = f"reproduction/{r.table.name}/table.md" if r.reported else f"../conf/tables/{r.table.name}.yaml"
     return f"[{name}]({target})"
 
@@ -224,21 +223,17 @@ def markdown(every: list[Row]) -> str:
         "- Verdicts: each committed `table.csv` with the table's tolerance and `explained:` now.", "",
     ]
     lines += ["## Beyond the tolerance", "",
-              "Open, then CI, then explained by the notes (ids as in `conf/tables/<table>.yaml`).", ""]
+              "Open, then CI, then explained by the notes (ids as in `conf/tables/<table>.yaml`; "
+              "each table's page gives the notes' reasons).", ""]
     for r in every:
         beyond = [x for x in r.numbers if x.verdict != "within"]
         if not beyond:
             continue
         parts = [f"{label}: " + ", ".join(f"`{x.cell}.{x.column}` {_diff(x)}" + (" (1 seed)" if x.n == 1 else "")
                                           for x in beyond if x.verdict == verdict)
-                 for verdict, label in (("open", "**open**"), ("interval", "CI")) if r.count(verdict)]
-        lines.append(f"- `{r.table.name}`: " + "; ".join(parts or ["explained by its notes"]))
-        reasons: dict[str, list[Number]] = {}
-        for x in beyond:
-            if x.verdict == "declared":
-                reasons.setdefault(x.reason, []).append(x)
-        lines += ["  - " + ", ".join(f"`{x.cell}.{x.column}` {_diff(x)}" for x in same) + f": {why}"
-                  for why, same in reasons.items()]
+                 for verdict, label in (("open", "**open**"), ("interval", "CI"), ("declared", "notes"))
+                 if r.count(verdict)]
+        lines.append(f"- {_link(r, f'`{r.table.name}`')}: " + "; ".join(parts))
     lines += ["", "## Links", "",
               "- [How the tables are made](reproduction/how_it_works.md): `flrep reproduce`, resuming, "
               "what is committed, when runs go stale.",

@@ -101,6 +101,12 @@ def markdown(table: Table, scale: str, manifest: dict, table_rows: list[dict], c
                False: " (outside our 95% interval)", None: ""}[r["paper_in_ci95"]]
             for r in beyond) + ". Why: see the notes.")
         lines.append("")
+    declared = [r for r in table_rows if r["mean"] is not None and r["within_tolerance"] is not True
+                and (r["cell"], r["column"]) in table.explained]
+    if declared:
+        lines.append("**Explained by the notes** (the table's `explained:`, as `flrep reproduce --index` counts them):")
+        lines += [f"- `{r['cell']}.{r['column']}`: {table.explained[(r['cell'], r['column'])]}" for r in declared]
+        lines.append("")
     for note in table.notes:
         lines.append(f"- {note}")
     if table.notes:
