@@ -47,6 +47,8 @@ def test_quickstart_writes_the_results_contract(quickstart_run):
     expected = (evals[-1]["personalized_accuracy"] + evals[-2]["personalized_accuracy"]) / 2
     assert summary["personalized_accuracy"] == pytest.approx(expected)
     assert summary["final_window_rounds"] == [3, 4]
+    assert summary["global_accuracy_best"] == max(r["global_accuracy"] for r in evals)
+    assert summary["global_accuracy_last"] == evals[-1]["global_accuracy"]
     assert "(mean of rounds 3-4 (2 evaluations))" in proc.stdout + proc.stderr  # the real window, in words
     # communication counted from the messages: 5 clients x 4 rounds, model down and up
     params = 64 * 64 + 64 + 64 * 10 + 10

@@ -349,6 +349,8 @@ class Experiment:
             **{key: final(key) for key in ("personalized_accuracy", "personalized_accuracy_std",
                                            "personalized_accuracy_worst10", "personalized_loss", "global_accuracy")},
             "global_accuracy_last": evals[-1].get("global_accuracy") if evals else None,
+            "global_accuracy_best": max((r["global_accuracy"] for r in evals if r.get("global_accuracy") is not None),
+                                        default=None),
             "final_window": window,
             "final_window_rounds": final_window_rounds([r["round"] for r in evals], [r.get(headline) for r in evals],
                                                        self.last_main_round, window),
@@ -364,7 +366,7 @@ class Experiment:
         summary.update(self.traffic.as_dict())
         summary["params_by_phase"] = dict(self.traffic.by_phase)
         if not self.strategy.has_global_model(self.last_main_round):
-            summary["global_accuracy"] = summary["global_accuracy_last"] = None
+            summary["global_accuracy"] = summary["global_accuracy_last"] = summary["global_accuracy_best"] = None
         for protocol in self.protocols:
             summary.update(protocol.summary(records, self.services))
         summary.update(self.strategy.summary_extra(records))
