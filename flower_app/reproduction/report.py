@@ -104,7 +104,7 @@ def markdown(table: Table, scale: str, manifest: dict, table_rows: list[dict], c
     declared = [r for r in table_rows if r["mean"] is not None and r["within_tolerance"] is not True
                 and (r["cell"], r["column"]) in table.explained]
     if declared:
-        lines.append("**Explained by the notes** (the table's `explained:`, as `flrep reproduce --index` counts them):")
+        lines.append("**Explained by the notes** (the table's `explained:`):")
         lines += [f"- `{r['cell']}.{r['column']}`: {table.explained[(r['cell'], r['column'])]}" for r in declared]
         lines.append("")
     for note in table.notes:
