@@ -1,7 +1,9 @@
 """New Test (LG-FedAvg Table 1): after training, every client sends its own part once and the
 server averages the outputs of all local models (each over the current global part) on the
 global test set: their outputs as they are (logits; probabilities under ``model.output=softmax``)
-or the softmax of their logits (``new_test.average``).
+or the softmax of their logits (``new_test.average``). Each client sends its final model, or with
+``new_test.models=best`` the model of its best Local Test evaluation, chosen on its own test split
+(the official main_local.py; algorithms that declare ``new_test_best``).
 
 It applies to algorithms whose server half answers ``local_part_messages`` (LG-FedAvg's local
 parts, Local-only's whole models) and whose clients answer ``query.localpart``. Because it
@@ -34,6 +36,7 @@ class NewTestConfig:
 
     enabled: bool = MISSING  # upload every client's own part once after training (the paper's New Test)
     average: Literal["logits", "softmax"] = MISSING  # the models' outputs as they are, or their softmax
+    models: Literal["final", "best"] = MISSING  # each client's final model, or its best evaluated one (official main_local.py)
 
 
 #: ``new_test.average`` -> the transform of each model's logits before they are averaged. Averaging
@@ -61,7 +64,11 @@ class NewTest(PaperProtocol):
     config = NewTestConfig
 
     def check(self, cfg: DictConfig) -> None:
-        """Softmax averaging of models whose outputs are already probabilities would apply softmax twice."""
+        """Softmax averaging of models whose outputs are already probabilities would apply softmax
+        twice; ``models=best`` needs clients that keep their best evaluated model."""
+        require(cfg.new_test.models == "final" or ALGORITHMS[cfg.algorithm].new_test_best, "new_test.models",
+                f"best (each client's model of its best Local Test evaluation) is kept by the clients of "
+                f"{', '.join(n for n, a in ALGORITHMS.items() if a.new_test_best)}, not by {cfg.algorithm}'s")
         require(cfg.new_test.average == "logits" or cfg.model.output == "logits", "new_test.average",
                 "model.output=softmax already outputs probabilities, which average=logits averages as they are "
                 "(the official ensemble); average=softmax would apply softmax to them again")

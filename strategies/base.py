@@ -236,6 +236,8 @@ class Algorithm:
       FedRep: its own head, as the official FedRep code's final round; Local-only: its own model); None: nothing.
     - ``local_representation``: whether clients keep a local representation (fair adversarial training needs one).
     - ``snapshot_after``: message types after which the client's state is snapshotted (resume).
+    - ``new_test_best``: whether its clients can answer New Test with the whole model of their
+      best Local Test evaluation (``new_test.models=best``, the official main_local.py).
     - ``description``: one phrase and its paper, shown by ``flrep list`` (optional).
 
     Without an ``evaluate`` handler a client's personalized model *is* the global model, so
@@ -256,6 +258,7 @@ class Algorithm:
     load_personal: Callable[[ClientRuntime], object] | None = None
     local_representation: bool = False
     snapshot_after: frozenset[str] = field(default_factory=lambda: frozenset({"train", "evaluate"}))
+    new_test_best: bool = False
     description: str = ""
 
     @property

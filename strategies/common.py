@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from omegaconf import DictConfig
@@ -196,3 +197,22 @@ def failure_fields(failed: dict[int, str]) -> dict:
 def fmt(value: float | None) -> str:
     """A metric for a log line (``n/a`` when absent)."""
     return "n/a" if value is None else f"{value:.4g}"
+
+
+def best_over_rounds(evals: list[dict], latest_on_ties: bool = True) -> dict:
+    """The official LG-FedAvg code's Local Test selection: each client's highest accuracy over
+    the evaluation records that hold it, and their mean over clients. On ties the latest round
+    (main_lg.py ``best_acc_list``) or the earliest (main_local.py). A selection on test data:
+    reported beside the final-window mean, never instead."""
+    best: dict[str, float] = {}
+    at: dict[str, int] = {}
+    for record in evals:
+        for client, acc in (record.get("client_accuracy") or {}).items():
+            if client not in best or acc > best[client] or (latest_on_ties and acc == best[client]):
+                best[client], at[client] = acc, int(record["round"])
+    clients = sorted(best, key=int)
+    return {
+        "local_test_best_over_rounds": float(np.mean([best[c] for c in clients])) if clients else None,
+        "local_test_best_client_accuracy": {c: best[c] for c in clients},
+        "local_test_best_client_round": {c: at[c] for c in clients},
+    }

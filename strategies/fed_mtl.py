@@ -16,7 +16,8 @@ Client: trains its own model (the run's initial weights the first time) with
 2λ₁(δ·w_i + o·S_i) + 2λ₂·w_i added to the gradient of its regularised layers at every step (the
 other columns fixed, as the official code), keeps the whole model and sends back the regularised
 layers only. Evaluation (no arrays sent): each client's own model on its local test split. New
-Test (``new_test.enabled``, LG-FedAvg Table 1): every client uploads its whole model once after training.
+Test (``new_test.enabled``, LG-FedAvg Table 1): every client uploads its whole model once after training
+(with ``new_test.models=best`` the model of its best Local Test evaluation, as the official main_mtl.py).
 
 Paper vs official code (pliang279/LG-FedAvg ``main_mtl.py``, ``models/Update.py``; FedRep's copy):
 - ``mtl.omega``: ``paper`` Ω = (I − 11ᵀ/M)² (δ = 1 − 1/M, o = −1/M) | ``official``: the code's
@@ -47,7 +48,7 @@ from omegaconf import MISSING, DictConfig
 
 from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, register
 from strategies.checks import nonnegative, positive, require
-from strategies.common import ARRAYS, CONFIG, NUM_EXAMPLES, ClientRuntime, reply, round_config
+from strategies.common import ARRAYS, CONFIG, NUM_EXAMPLES, ClientRuntime, best_over_rounds, reply, round_config
 from strategies.local_only import STATE_KEY, evaluate_own_model, own_model_requests, send_own_model
 from strategies.services import Services
 from strategies.state_store import keep_arrays, load_kept_model
@@ -140,6 +141,10 @@ class FedMTLServer(ServerHooks, FedAvg):
         """New Test (LG-FedAvg Table 1's MTL row): every client sends its own model once."""
         return own_model_requests(services)
 
+    def summary_extra(self, records: list[dict]) -> dict:
+        """The official main_mtl.py's Local Test: each client's best evaluated round."""
+        return best_over_rounds([r for r in records if r["phase"] == "eval"], latest_on_ties=False)
+
 
 def make_strategy(cfg: DictConfig) -> Strategy:
     """The Fed-MTL server half."""
@@ -215,4 +220,5 @@ ALGORITHM = register(Algorithm(
     section="mtl",
     check=check,
     check_model=check_model,
+    new_test_best=True,
 ))

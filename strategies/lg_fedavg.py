@@ -32,7 +32,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Optional
 
-import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
@@ -41,7 +40,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from strategies.checks import nonnegative, positive, require
 from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, WeightedAverage, all_keys, register
-from strategies.common import ARRAYS, CONFIG, NUM_EXAMPLES, ClientRuntime, reply, round_config
+from strategies.common import ARRAYS, CONFIG, NUM_EXAMPLES, ClientRuntime, best_over_rounds, reply, round_config
 from strategies.services import Services, is_training_record
 from strategies.state_store import keep_arrays, kept_arrays
 from task.learning.fairness import train_fair
@@ -194,24 +193,6 @@ class LGFedAvg(ServerHooks, WeightedAverage):
             evals = [r for r in records if r["phase"] == "eval" and r["round"] >= start]
             out.update(local_test_best_from_round=start, **best_over_rounds(evals))
         return out
-
-
-def best_over_rounds(evals: list[dict]) -> dict:
-    """The official code's Local Test selection (main_lg.py ``best_acc_list``): each client's
-    highest accuracy over the evaluation records that hold it (the latest round on ties), and
-    their mean over clients. A selection on test data: reported beside the final-window mean, never instead."""
-    best: dict[str, float] = {}
-    at: dict[str, int] = {}
-    for record in evals:
-        for client, acc in (record.get("client_accuracy") or {}).items():
-            if client not in best or acc >= best[client]:
-                best[client], at[client] = acc, int(record["round"])
-    clients = sorted(best, key=int)
-    return {
-        "local_test_best_over_rounds": float(np.mean([best[c] for c in clients])) if clients else None,
-        "local_test_best_client_accuracy": {c: best[c] for c in clients},
-        "local_test_best_client_round": {c: at[c] for c in clients},
-    }
 
 
 def make_strategy(cfg: DictConfig) -> Strategy:

@@ -7,6 +7,10 @@ LG-FedAvg and FedRep ``main_local.py``, which train each client for all epochs).
 Client: keeps its whole model in ``context.state`` across rounds (starting from the run's
 common initial weights) and sends back metrics only. +FT (``finetune.part=full``) trains that
 own model further: with ``finetune.epochs=5`` the official FedRep ``--alg maml`` final round.
+New Test (``new_test.enabled``): every client sends its own model once; with
+``new_test.models=best`` the model of its best Local Test evaluation (chosen on its test split,
+the earliest of ties), as the official LG-FedAvg main_local.py. The summary gives each client's
+best evaluated accuracy too (``local_test_best_over_rounds``), that code's Local Test.
 """
 
 from __future__ import annotations
@@ -21,11 +25,13 @@ from flwr.serverapp.strategy import FedAvg, Strategy
 from omegaconf import MISSING, DictConfig
 
 from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, register
-from strategies.common import CONFIG, METRICS, NUM_EXAMPLES, ClientRuntime, reply, round_config
+from strategies.common import CONFIG, METRICS, NUM_EXAMPLES, ClientRuntime, best_over_rounds, reply, round_config
 from strategies.services import Services
 from strategies.state_store import keep_arrays, load_kept_model
 
 STATE_KEY = "local-model"
+BEST_MODEL_KEY = "best-local-test-model"  # new_test.models=best: the model of the best Local Test so far ...
+BEST_ACCURACY_KEY = "best-local-test"  # ... and its accuracy
 
 
 class LocalOnly(ServerHooks, FedAvg):
@@ -66,6 +72,10 @@ class LocalOnly(ServerHooks, FedAvg):
         """New Test (LG-FedAvg Table 1's Local-only row): every client sends its own model once."""
         return own_model_requests(services)
 
+    def summary_extra(self, records: list[dict]) -> dict:
+        """The official main_local.py's Local Test: each client's best evaluated round."""
+        return best_over_rounds([r for r in records if r["phase"] == "eval"], latest_on_ties=False)
+
 
 def own_model_requests(services: Services) -> list[Message]:
     """New Test of whole local models: ask every training client for its own model once."""
@@ -88,9 +98,27 @@ def train_locally(rt: ClientRuntime, content: RecordDict) -> RecordDict:
 
 
 def evaluate_own_model(rt: ClientRuntime, content: RecordDict) -> RecordDict:
-    """Evaluate the client's own model on its local test split."""
+    """Evaluate the client's own model on its local test split (and keep it if it is the best
+    so far, when New Test asks for each client's best model)."""
     load_kept_model(rt, STATE_KEY)
-    return reply(None, **rt.evaluate_local())
+    metrics = rt.evaluate_local()
+    if keeps_best_model(rt.cfg):
+        keep_if_best(rt, metrics["accuracy"])
+    return reply(None, **metrics)
+
+
+def keeps_best_model(cfg: DictConfig) -> bool:
+    """Whether New Test asks for each client's best evaluated model (``new_test.models=best``)."""
+    return bool(cfg.new_test.enabled) and cfg.new_test.models == "best"
+
+
+def keep_if_best(rt: ClientRuntime, accuracy: float) -> None:
+    """Keep the current model as this client's best if its Local Test accuracy beats every earlier
+    one (strictly: the earliest of ties, as the official main_local.py)."""
+    best = rt.state.get(rt.state_key(BEST_ACCURACY_KEY))
+    if best is None or accuracy > float(best["accuracy"]):
+        keep_arrays(rt, BEST_MODEL_KEY, rt.model.state_dict())
+        rt.state[rt.state_key(BEST_ACCURACY_KEY)] = ConfigRecord({"accuracy": float(accuracy)})
 
 
 def load_own_model(rt: ClientRuntime) -> None:
@@ -99,8 +127,10 @@ def load_own_model(rt: ClientRuntime) -> None:
 
 
 def send_own_model(rt: ClientRuntime, content: RecordDict) -> RecordDict:
-    """New Test: send the client's own model to the server once."""
-    load_kept_model(rt, STATE_KEY)
+    """New Test: send the client's own model to the server once: its final one, or with
+    ``new_test.models=best`` the one of its best Local Test evaluation (final if never evaluated)."""
+    if not (keeps_best_model(rt.cfg) and load_kept_model(rt, BEST_MODEL_KEY)):
+        load_kept_model(rt, STATE_KEY)
     return reply(rt.arrays(), **{NUM_EXAMPLES: len(rt.train)})
 
 
@@ -120,4 +150,5 @@ ALGORITHM = register(Algorithm(
     config=LocalOnlyConfig,
     supports_finetune=True,
     load_personal=load_own_model,
+    new_test_best=True,
 ))

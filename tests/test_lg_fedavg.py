@@ -173,6 +173,43 @@ def test_local_only_new_test_ensembles_the_clients_own_models(tmp_path):
     assert newtest[0]["new_test_average"] == "softmax"
 
 
+def test_new_test_models_best_uploads_each_clients_best_evaluated_model(tmp_path):
+    """new_test.models=best (official main_local.py): each client uploads the model of its best
+    Local Test evaluation, the earliest of ties; proved by value: each uploaded model scores
+    exactly that accuracy on the client's own test split, and some of them are not final models."""
+    overrides = (f"wandb.enabled=false out_dir={tmp_path} algorithm=local_only compare=[] rounds=6 "
+                 "local_only.clients=all new_test.enabled=true new_test.models=best eval.final_window=1 train.lr=2.0")
+    grid = LocalGrid(20, {"experiment": "quickstart", "overrides": overrides})
+    summary = run_variants(grid, load_variants("quickstart", overrides))
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    evals = {r["round"]: r["client_accuracy"] for r in records if r["phase"] == "eval"}
+    best = {c: max(accs[c] for accs in evals.values()) for c in evals[6]}
+    first = {c: min(t for t in evals if evals[t][c] == best[c]) for c in best}
+    assert summary["local_test_best_client_accuracy"] == best and summary["local_test_best_client_round"] == first
+    assert summary["local_test_best_over_rounds"] == pytest.approx(float(np.mean(list(best.values()))))
+    # a high rate makes Local Test accuracy go down as well as up: some final models score less
+    assert sum(first[c] < 6 and evals[6][c] < best[c] for c in best) >= 3
+
+    from task.data.federated_data import build_federated_data
+
+    cfg = load_variants("quickstart", overrides.split())[0]
+    fed = build_federated_data(cfg.data, cfg.seed)
+    model = build_model("digits_mlp", (1, 8, 8), 10).eval()
+    uploads = {int(grid.contexts[r.metadata.src_node_id].node_config["partition-id"]): r.content[ARRAYS]
+               for r in grid.replies if r.metadata.message_type == "query.localpart"}
+    assert sorted(uploads) == list(range(20))
+    for pid, arrays in uploads.items():
+        idx = fed.client_test[pid]
+        x, y = torch.as_tensor(np.asarray(fed.bundle.test.x)[idx]), torch.as_tensor(fed.bundle.test.y[idx])
+        model.load_state_dict(arrays.to_torch_state_dict())
+        with torch.no_grad():
+            accuracy = float((model(x).argmax(1) == y).double().mean())
+        assert accuracy == pytest.approx(best[str(pid)], abs=1e-9), pid
+
+    with pytest.raises(ConfigError, match="new_test.models"):  # LG-FedAvg's clients keep no best model
+        load_config("quickstart", ["algorithm=lg_fedavg", "lg.fedavg_rounds=1", "new_test.models=best"])
+
+
 def test_new_test_averages_softmax_outputs_or_logits():
     """A toy ensemble where the two averages disagree; log-softmax outputs rank like logits."""
     from protocols.ensemble import ensemble_predictions
