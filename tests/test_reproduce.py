@@ -292,14 +292,22 @@ def test_the_report_gives_mean_std_paper_difference_and_claims(tiny, tmp_path):
 
 
 def test_the_report_gives_the_notes_reason_for_each_explained_number_beyond_the_tolerance(tiny, tmp_path):
-    (tiny / "tiny.yaml").write_text(TINY + "explained:\n  a.acc: never shown, a is within\n"
-                                           "  b.acc: measured in another cell\n")
+    """Beyond the tolerance as the index judges it: points for a percentage, per cent of the paper's
+    value otherwise."""
+    yaml_text = (TINY.replace("paper: {acc: 50.0}", "paper: {acc: 50.0, steps: 100}")
+                 .replace("paper: {acc: 90.0}", "paper: {acc: 90.0, steps: 100}"))
+    (tiny / "tiny.yaml").write_text(yaml_text + "tolerance: 1.5\nexplained:\n  a.acc: never shown, a is within\n"
+                                    "  b.acc: measured in another cell\n  a.steps: never shown, 1 per cent off\n"
+                                    "  b.steps: counted another way\n")
     table = load_table("tiny")
-    _fake_run(tmp_path, "a", 0, 0.505)  # +0.5: within the tolerance
-    _fake_run(tmp_path, "b", 0, 0.80)   # -10.0: beyond it, explained
+    for cell, acc, steps in (("a", 0.505, 101), ("b", 0.80, 150)):  # a within; b -10.0 points and +50%
+        _fake_run(tmp_path, cell, 0, acc)
+        summary = tmp_path / "runs" / cell / "seed0" / "summary.json"
+        summary.write_text(json.dumps({**json.loads(summary.read_text()), "local_steps_total": steps}))
     write_report(table, "cpu", tmp_path, {"table": "tiny", "scale": "cpu", "runs": {}})
     md = (tmp_path / "table.md").read_text()
     assert "**Explained by the notes**" in md and "- `b.acc`: measured in another cell\n" in md
+    assert "- `b.steps`: counted another way\n" in md
     assert "never shown" not in md
 
 

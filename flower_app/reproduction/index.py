@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from flower_app.reproduction.report import ci95_half_width
+from flower_app.reproduction.report import ci95_half_width, verdict
 from flower_app.reproduction.tables import Table, parse_table
 
 PAGE = "docs/reproduction.md"
@@ -101,20 +101,6 @@ class Row:
 
     def count(self, *verdicts: str) -> int:
         return sum(n.verdict in verdicts for n in self.numbers)
-
-
-def verdict(table: Table, cell: str, column: str, percent: bool, mean: float, paper: float,
-            n: int, ci95: float | None) -> str:
-    """The verdict of one number (see the module docstring)."""
-    tol = table.tolerance
-    diff = abs(mean - paper)
-    if tol is not None and diff <= (tol if percent else tol / 100 * abs(paper)) + 1e-9:
-        return "within"
-    if n >= 2 and ci95 is not None and diff <= ci95:
-        return "interval"
-    if (cell, column) in table.explained:
-        return "declared"
-    return "open"
 
 
 def numbers(table: Table, table_csv: str) -> list[Number]:

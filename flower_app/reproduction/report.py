@@ -52,6 +52,22 @@ def ci95_half_width(std: float | None, n: int) -> float | None:
     return float(t.ppf(0.975, n - 1)) * std / n**0.5
 
 
+def verdict(table: Table, cell: str, column: str, percent: bool, mean: float, paper: float,
+            n: int, ci95: float | None) -> str:
+    """The verdict of one number: ``within`` the table's tolerance (points for a percentage, per
+    cent of the paper's value otherwise), else ``interval`` (the paper's number inside our 95%
+    interval, two seeds or more), else ``declared`` (a reason in the table's ``explained:``), else ``open``."""
+    tol = table.tolerance
+    diff = abs(mean - paper)
+    if tol is not None and diff <= (tol if percent else tol / 100 * abs(paper)) + 1e-9:
+        return "within"
+    if n >= 2 and ci95 is not None and diff <= ci95:
+        return "interval"
+    if (cell, column) in table.explained:
+        return "declared"
+    return "open"
+
+
 def claim_results(table: Table, done: dict[str, dict[int, dict]]) -> list[dict]:
     """Each claim checked on every seed both its cells completed."""
     results = []
@@ -101,8 +117,9 @@ def markdown(table: Table, scale: str, manifest: dict, table_rows: list[dict], c
                False: " (outside our 95% interval)", None: ""}[r["paper_in_ci95"]]
             for r in beyond) + ". Why: see the notes.")
         lines.append("")
-    declared = [r for r in table_rows if r["mean"] is not None and r["within_tolerance"] is not True
-                and (r["cell"], r["column"]) in table.explained]
+    declared = [r for r in table_rows if r["difference"] is not None and (r["cell"], r["column"]) in table.explained
+                and verdict(table, r["cell"], r["column"], table.columns[r["column"]].percent, r["mean"], r["paper"],
+                            r["n"], r["ci95"]) != "within"]
     if declared:
         lines.append("**Explained by the notes** (the table's `explained:`):")
         lines += [f"- `{r['cell']}.{r['column']}`: {table.explained[(r['cell'], r['column'])]}" for r in declared]
