@@ -37,6 +37,14 @@ def run_lg(tmp_path, extra=""):
     return grid, summary
 
 
+def run_with_evals(grid_class: type[LocalGrid], overrides: str, tmp_path):
+    """A quickstart run on 20 nodes: its grid, its summary and each evaluated round's client accuracies."""
+    grid = grid_class(20, {"experiment": "quickstart", "overrides": overrides})
+    summary = run_variants(grid, load_variants("quickstart", overrides))
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    return grid, summary, {r["round"]: r["client_accuracy"] for r in records if r["phase"] == "eval"}
+
+
 def test_warm_start_then_only_the_global_part_crosses_the_wire(tmp_path):
     grid, summary = run_lg(tmp_path)
     model = build_model("digits_mlp", (1, 8, 8), 10)
@@ -179,10 +187,7 @@ def test_new_test_models_best_uploads_each_clients_best_evaluated_model(tmp_path
     exactly that accuracy on the client's own test split, and some of them are not final models."""
     overrides = (f"wandb.enabled=false out_dir={tmp_path} algorithm=local_only compare=[] rounds=6 "
                  "local_only.clients=all new_test.enabled=true new_test.models=best eval.final_window=1 train.lr=2.0")
-    grid = LocalGrid(20, {"experiment": "quickstart", "overrides": overrides})
-    summary = run_variants(grid, load_variants("quickstart", overrides))
-    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    evals = {r["round"]: r["client_accuracy"] for r in records if r["phase"] == "eval"}
+    grid, summary, evals = run_with_evals(LocalGrid, overrides, tmp_path)
     best = {c: max(accs[c] for accs in evals.values()) for c in evals[6]}
     first = {c: min(t for t in evals if evals[t][c] == best[c]) for c in best}
     assert summary["local_test_best_client_accuracy"] == best and summary["local_test_best_client_round"] == first
@@ -243,10 +248,7 @@ class FlakyGrid(LocalGrid):
 def test_local_test_best_over_rounds_is_each_clients_best_evaluated_round(tmp_path):
     overrides = (f"wandb.enabled=false out_dir={tmp_path} algorithm=lg_fedavg compare=[] lg.global_part=[fc2] "
                  "lg.fedavg_rounds=2 rounds=7 eval.every=2 eval.final_window=1")
-    grid = FlakyGrid(20, {"experiment": "quickstart", "overrides": overrides})
-    summary = run_variants(grid, load_variants("quickstart", overrides))
-    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    evals = {r["round"]: r["client_accuracy"] for r in records if r["phase"] == "eval"}
+    _, summary, evals = run_with_evals(FlakyGrid, overrides, tmp_path)
     assert sorted(evals) == [1, 2, 4, 6, 7] and "3" not in evals[4] and len(evals[6]) == 20
     # from the warm-start model LG starts from (round 2) on; round 1 is not a candidate
     assert summary["lg_switch_round"] == 3 and summary["local_test_best_from_round"] == 2
