@@ -7,7 +7,11 @@ groups are global, 2,872 of LeNet-5's 64,102) or a list of group names.
 
 As in the paper, training starts with FedAvg on the whole model (``lg.fedavg_rounds``
 rounds, or until the global model first reaches ``lg.goal_accuracy`` on the global test
-set at an evaluated round); then ``lg.lg_rounds`` LG rounds follow (the paper's "LG Rounds"
+set at an evaluated round). LG starts from the warm start's last model (``lg.warm_start=last``,
+the paper) or from its global model of the best evaluated global accuracy (``best``, a selection
+on the test set: the official main_fed.py saves ``best_<N>.pt``, the best of its first N rounds,
+tested every round, which main_lg.py loads with ``--load_fed``; summary: ``lg_warm_start_round``,
+``lg_warm_start_accuracy``). Then ``lg.lg_rounds`` LG rounds follow (the paper's "LG Rounds"
 column; unset: LG until ``rounds``, which is always the cap). A run that never leaves the
 warm start, or whose cap cuts its LG rounds short, is a failed run. From the switch on:
 
@@ -30,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
@@ -80,7 +84,7 @@ def local_keys(model: SplitModel, cfg: DictConfig) -> list[str]:
 class LGFedAvg(ServerHooks, WeightedAverage):
     """FedAvg warm start, then FedAvg of the global part with local parts kept on the clients."""
 
-    checkpointed = ("switch_round",)
+    checkpointed = ("switch_round", "best_warm_start", "warm_start_from")
     node_keyed = ("initialised",)
 
     def __init__(self, cfg: DictConfig, fedavg_rounds: int | None, goal_accuracy: float | None,
@@ -94,10 +98,15 @@ class LGFedAvg(ServerHooks, WeightedAverage):
         self.switch_round: int | None = None  # first LG round
         self.initialised: set[int] = set()  # nodes that hold a local part
         self.global_part: set[str] = set()  # state keys of the global part (known from the model at start)
+        self.keep_best = cfg.lg.warm_start == "best"
+        self.best_warm_start: dict | None = None  # lg.warm_start=best: round, accuracy, arrays (until the switch)
+        self.warm_start_from: list | None = None  # [round, global accuracy] of the model LG started from
+        self.services: Services | None = None
 
     def on_start(self, services: Services) -> None:
         """Learn the global part's keys from the model (its layer groups, not branches such as an adversary)."""
         self.global_part = set(global_keys(services.model, self.cfg))
+        self.services = services
 
     def lg_phase(self, server_round: int) -> bool:
         """Whether ``server_round`` trains local and global parts (after the FedAvg warm start)."""
@@ -137,11 +146,25 @@ class LGFedAvg(ServerHooks, WeightedAverage):
         self.initialised.difference_update(nodes)
 
     def observe_eval(self, server_round: int, record: dict) -> None:
-        """Switch to LG-FedAvg after the first evaluated round at the goal accuracy."""
+        """In the warm start: keep its best global model so far (``lg.warm_start=best``; the first
+        of ties, as main_fed.py), and switch to LG-FedAvg after the first evaluated round at the goal accuracy."""
         acc = record.get("global_accuracy")
-        if (self.switch_round is None and self.goal_accuracy is not None and acc is not None
-                and acc >= self.goal_accuracy):
+        if acc is None or self.lg_phase(server_round):
+            return
+        if self.keep_best and self.services is not None and (
+                self.best_warm_start is None or acc > self.best_warm_start["accuracy"]):
+            arrays = ArrayRecord(dict(self.services.get_arrays().items()))  # the round's entries, replaced later
+            self.best_warm_start = {"round": server_round, "accuracy": acc, "arrays": arrays}
+        if self.switch_round is None and self.goal_accuracy is not None and acc >= self.goal_accuracy:
             self.switch_round = server_round + 1
+
+    def prepare_round(self, server_round: int, services: Services) -> dict | None:
+        """At the first LG round: LG starts from the warm start's last model, or its best evaluated one."""
+        best = self.best_warm_start
+        if best is not None and self.lg_phase(server_round) and server_round == self.switch_round:
+            services.set_arrays(best["arrays"])
+            self.warm_start_from, self.best_warm_start = [best["round"], best["accuracy"]], None
+        return None
 
     def _messages(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid,
                   message_type: str) -> list[Message]:
@@ -187,6 +210,8 @@ class LGFedAvg(ServerHooks, WeightedAverage):
         """The first LG round (None: training never left the FedAvg warm start) and the best
         Local Test over rounds, from the last warm-start round (the model LG starts from) on."""
         out: dict = {"lg_switch_round": self.switch_round}
+        if self.warm_start_from is not None:
+            out["lg_warm_start_round"], out["lg_warm_start_accuracy"] = self.warm_start_from
         if self.switch_round is not None:
             start = self.switch_round - 1
             out["lg_rounds_trained"] = sum(is_training_record(r) and r["round"] >= self.switch_round for r in records)
@@ -270,6 +295,7 @@ class LGConfig:
     fedavg_rounds: Optional[int] = nonnegative()  # FedAvg warm-start rounds ...
     goal_accuracy: Optional[float] = positive()  # ... or until this global accuracy
     lg_rounds: Optional[int] = positive()  # LG rounds after the warm start (null: LG until `rounds`)
+    warm_start: Literal["last", "best"] = MISSING  # LG starts from the warm start's last model | its best evaluated one
 
 
 def check(cfg: DictConfig) -> None:

@@ -260,6 +260,42 @@ def test_local_test_best_over_rounds_is_each_clients_best_evaluated_round(tmp_pa
     assert summary["personalized_accuracy"] == pytest.approx(float(np.mean(list(evals[7].values()))))
 
 
+class SnapshotGrid(LocalGrid):
+    """Copies the arrays of each round's first training message as it is sent (in-process messages
+    share the server's record, whose entries later rounds replace)."""
+
+    def send_and_receive(self, messages, *, timeout=None):
+        messages = list(messages)
+        if messages and messages[0].metadata.message_type == "train":
+            self.first_train = getattr(self, "first_train", {})
+            self.first_train[int(messages[0].content["config"]["server-round"])] = {
+                k: a.numpy().copy() for k, a in messages[0].content[ARRAYS].items()}
+        return super().send_and_receive(messages, timeout=timeout)
+
+
+def test_warm_start_best_starts_lg_from_the_best_evaluated_global_model(tmp_path):
+    """lg.warm_start=best (official main_fed.py best_<N>.pt): the first LG messages carry, by value,
+    the global model of the warm start's best evaluated round; with last (the paper), its last model."""
+    common = ("wandb.enabled=false algorithm=lg_fedavg compare=[] lg.global_part=[fc2] lg.fedavg_rounds=5 rounds=7 "
+              "eval.every=1 train.lr=0.5")
+    grid, summary, _ = run_with_evals(SnapshotGrid, f"{common} lg.warm_start=best out_dir={tmp_path / 'best'}",
+                                      tmp_path / "best")
+    records = [json.loads(line) for line in (tmp_path / "best" / "metrics.jsonl").read_text().splitlines()]
+    accuracy = {r["round"]: r["global_accuracy"] for r in records if r["phase"] == "eval" and r["round"] <= 5}
+    best = max(accuracy, key=lambda t: (accuracy[t], -t))  # the first of ties
+    assert best < 5 and accuracy[best] > accuracy[5]  # a high rate: the last warm-start model is not the best
+    assert summary["lg_switch_round"] == 6
+    assert (summary["lg_warm_start_round"], summary["lg_warm_start_accuracy"]) == (best, accuracy[best])
+    last, last_summary, _ = run_with_evals(SnapshotGrid, f"{common} out_dir={tmp_path / 'last'}", tmp_path / "last")
+    assert "lg_warm_start_round" not in last_summary
+
+    model_of_best, first_lg = grid.first_train[best + 1], grid.first_train[6]
+    assert set(first_lg) == set(model_of_best)  # the first LG message to a node carries the whole model
+    assert all(np.array_equal(first_lg[k], model_of_best[k]) for k in first_lg)
+    assert all(np.array_equal(last.first_train[best + 1][k], model_of_best[k]) for k in first_lg)  # same warm start
+    assert not all(np.array_equal(last.first_train[6][k], model_of_best[k]) for k in first_lg)
+
+
 def test_reply_order_does_not_change_the_run(tmp_path):
     """Aggregation follows partition ids, not arrival order: the same seed gives the same bits."""
     overrides = "wandb.enabled=false algorithm=fedavg compare=[] rounds=4 data.num_clients=20"
