@@ -48,8 +48,9 @@ from omegaconf import MISSING, DictConfig
 
 from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, register
 from strategies.checks import nonnegative, positive, require
-from strategies.common import ARRAYS, CONFIG, NUM_EXAMPLES, ClientRuntime, best_over_rounds, reply, round_config
-from strategies.local_only import STATE_KEY, evaluate_own_model, own_model_requests, send_own_model
+from strategies.common import ARRAYS, CONFIG, NUM_EXAMPLES, ClientRuntime, reply, round_config
+from strategies.local_only import (STATE_KEY, best_evaluated_rounds, evaluate_own_model, own_model_requests,
+                                   send_own_model)
 from strategies.services import Services
 from strategies.state_store import keep_arrays, load_kept_model
 from task.learning.split_model import SplitModel
@@ -142,8 +143,7 @@ class FedMTLServer(ServerHooks, FedAvg):
         return own_model_requests(services)
 
     def summary_extra(self, records: list[dict]) -> dict:
-        """The official main_mtl.py's Local Test: each client's best evaluated round."""
-        return best_over_rounds([r for r in records if r["phase"] == "eval"], latest_on_ties=False)
+        return best_evaluated_rounds(records)
 
 
 def make_strategy(cfg: DictConfig) -> Strategy:

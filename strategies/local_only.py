@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Strategy
@@ -27,7 +28,7 @@ from omegaconf import MISSING, DictConfig
 from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, register
 from strategies.common import CONFIG, METRICS, NUM_EXAMPLES, ClientRuntime, best_over_rounds, reply, round_config
 from strategies.services import Services
-from strategies.state_store import keep_arrays, load_kept_model
+from strategies.state_store import keep_arrays, kept_arrays, load_kept_model
 
 STATE_KEY = "local-model"
 BEST_MODEL_KEY = "best-local-test-model"  # new_test.models=best: the model of the best Local Test so far ...
@@ -73,8 +74,13 @@ class LocalOnly(ServerHooks, FedAvg):
         return own_model_requests(services)
 
     def summary_extra(self, records: list[dict]) -> dict:
-        """The official main_local.py's Local Test: each client's best evaluated round."""
-        return best_over_rounds([r for r in records if r["phase"] == "eval"], latest_on_ties=False)
+        return best_evaluated_rounds(records)
+
+
+def best_evaluated_rounds(records: list[dict]) -> dict:
+    """The official main_local.py's (and main_mtl.py's) Local Test: each client's best evaluated
+    round, the earliest of ties."""
+    return best_over_rounds([r for r in records if r["phase"] == "eval"], latest_on_ties=False)
 
 
 def own_model_requests(services: Services) -> list[Message]:
@@ -115,10 +121,10 @@ def keeps_best_model(cfg: DictConfig) -> bool:
 def keep_if_best(rt: ClientRuntime, accuracy: float) -> None:
     """Keep the current model as this client's best if its Local Test accuracy beats every earlier
     one (strictly: the earliest of ties, as the official main_local.py)."""
-    best = rt.state.get(rt.state_key(BEST_ACCURACY_KEY))
+    best = kept_arrays(rt, BEST_ACCURACY_KEY)  # in the same store as the model: a restarted node finds both
     if best is None or accuracy > float(best["accuracy"]):
         keep_arrays(rt, BEST_MODEL_KEY, rt.model.state_dict())
-        rt.state[rt.state_key(BEST_ACCURACY_KEY)] = ConfigRecord({"accuracy": float(accuracy)})
+        keep_arrays(rt, BEST_ACCURACY_KEY, {"accuracy": torch.tensor(float(accuracy), dtype=torch.float64)})
 
 
 def load_own_model(rt: ClientRuntime) -> None:
