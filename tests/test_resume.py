@@ -10,6 +10,7 @@ from flwr.app import Context, Message, RecordDict
 from flower_app.run.config import load_config
 from flower_app.run.config import load_variants, variants_from_run_config
 from flower_app.app.server_app import Experiment, preflight, run_variants
+from strategies.common import ARRAYS
 from task.errors import ConfigError
 from tests.local_grid import LocalGrid
 
@@ -126,6 +127,9 @@ def test_a_checkpoint_written_before_a_key_existed_resumes_at_that_keys_default(
 
 
 RESTART_AFTER = 2
+#: Local-only clients that keep the model of their best evaluation for New Test (a high rate makes
+#: accuracy fall as well as rise, so a best model from before the restart is still the best after it).
+BEST_MODELS = "local_only.clients=all new_test.enabled=true new_test.models=best train.lr=2.0"
 
 
 class RestartingGrid(LocalGrid):
@@ -151,6 +155,13 @@ class RestartingGrid(LocalGrid):
         return replies
 
 
+def _new_test_uploads(grid: LocalGrid) -> dict[int, dict]:
+    """The arrays each partition uploaded for New Test, as lists of numbers."""
+    return {int(grid.contexts[r.metadata.src_node_id].node_config["partition-id"]):
+            {k: v.tolist() for k, v in r.content[ARRAYS].to_torch_state_dict().items()}
+            for r in grid.replies if r.metadata.message_type == "query.localpart"}
+
+
 def _with_state_dirs(grid: LocalGrid, root) -> LocalGrid:
     for pid, node in enumerate(grid.node_ids):
         grid.contexts[node].node_config["state-dir"] = str(root / f"node-{pid}")
@@ -158,25 +169,32 @@ def _with_state_dirs(grid: LocalGrid, root) -> LocalGrid:
 
 
 @pytest.mark.parametrize("algorithm, last_message", [("fedrep", "evaluate"), ("scaffold", "train"), ("ditto", "evaluate"),
-                                                     ("apfl apfl.adaptive=true", "evaluate"), ("fed_mtl", "evaluate")])
+                                                     ("apfl apfl.adaptive=true", "evaluate"), ("fed_mtl", "evaluate"),
+                                                     (f"local_only {BEST_MODELS}", "evaluate")])
 def test_a_restarted_supernode_finds_its_state_in_its_state_dir(tmp_path, algorithm, last_message):
     overrides = f"{BASE} algorithm={algorithm} train.fraction=1.0 rounds=4"
     cfg = load_config("quickstart", f"{overrides} out_dir={tmp_path / 'whole'}".split())
     run_config = {"experiment": "quickstart", "overrides": overrides}
-    whole = Experiment(_with_state_dirs(LocalGrid(6, run_config), tmp_path / "whole-nodes"), cfg).run()
+    whole_grid = _with_state_dirs(LocalGrid(6, run_config), tmp_path / "whole-nodes")
+    whole = Experiment(whole_grid, cfg).run()
 
-    def restarted(name: str, state_dir) -> dict:
+    def restarted(name: str, state_dir) -> tuple[dict, LocalGrid]:
         config = {"partition-id": 1, "num-partitions": 6, "state-dir": str(state_dir)}
         grid = RestartingGrid(6, run_config, restarted_config=config, last_message=last_message)
         cfg = load_config("quickstart", f"{overrides} out_dir={tmp_path / name}".split())
-        return Experiment(_with_state_dirs(grid, tmp_path / f"{name}-nodes"), cfg).run()
+        return Experiment(_with_state_dirs(grid, tmp_path / f"{name}-nodes"), cfg).run(), grid
 
-    kept = restarted("kept", tmp_path / "kept-nodes" / "node-1")
+    kept, kept_grid = restarted("kept", tmp_path / "kept-nodes" / "node-1")
     assert kept["failed_client_replies"] == 0  # the server adopted the new node before it sent again
     assert _metrics(tmp_path / "kept") == _metrics(tmp_path / "whole")
     assert kept["personalized_accuracy"] == whole["personalized_accuracy"]
-    restarted("lost", tmp_path / "empty-disk")  # the node came back without its disk
+    assert len(_new_test_uploads(whole_grid)) == (6 if "new_test.enabled=true" in algorithm else 0)
+    assert _new_test_uploads(kept_grid) == _new_test_uploads(whole_grid)  # New Test's models, by value
+    _, lost_grid = restarted("lost", tmp_path / "empty-disk")  # the node came back without its disk
     assert _metrics(tmp_path / "lost") != _metrics(tmp_path / "whole")
+    if "new_test.enabled=true" in algorithm:  # partition 1's best model was kept before its restart
+        assert whole["local_test_best_client_round"]["1"] <= RESTART_AFTER
+        assert _new_test_uploads(lost_grid)[1] != _new_test_uploads(whole_grid)[1]
 
 
 @pytest.mark.parametrize("stop_variant", ["fedrep", "fedavg"])
