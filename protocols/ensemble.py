@@ -3,7 +3,8 @@ server averages the outputs of all local models (each over the current global pa
 global test set: their outputs as they are (logits; probabilities under ``model.output=softmax``)
 or the softmax of their logits (``new_test.average``). Each client sends its final model, or with
 ``new_test.models=best`` the model of its best Local Test evaluation, chosen on its own test split
-(the official main_local.py; algorithms that declare ``new_test_best``).
+(the official main_local.py; algorithms that declare ``new_test_best``; LG-FedAvg's clients send
+main_lg.py's selected models, see :mod:`strategies.lg_fedavg`).
 
 It applies to algorithms whose server half answers ``local_part_messages`` (LG-FedAvg's local
 parts, Local-only's whole models) and whose clients answer ``query.localpart``. Because it

@@ -139,7 +139,7 @@ class ServerHooks:
         """Scores of arrays that are not a model (global/per-client accuracy and loss), or None."""
         return None
 
-    def observe_eval(self, server_round: int, record: dict) -> None:
+    def observe_eval(self, server_round: int, record: dict, services: Services) -> None:
         """After each evaluation, with its record (keys it adds are written with it)."""
 
     def local_part_messages(self, server_round: int, services: Services) -> list[Message] | None:
@@ -237,7 +237,8 @@ class Algorithm:
     - ``local_representation``: whether clients keep a local representation (fair adversarial training needs one).
     - ``snapshot_after``: message types after which the client's state is snapshotted (resume).
     - ``new_test_best``: whether its clients can answer New Test with the whole model of their
-      best Local Test evaluation (``new_test.models=best``, the official main_local.py).
+      best Local Test evaluation (``new_test.models=best``: the official main_local.py's
+      selection, or the algorithm's own official one, as LG-FedAvg's main_lg.py).
     - ``description``: one phrase and its paper, shown by ``flrep list`` (optional).
 
     Without an ``evaluate`` handler a client's personalized model *is* the global model, so

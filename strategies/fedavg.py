@@ -88,13 +88,13 @@ class FedAvgHooks(ServerHooks):
                 self.local_scores[m.metadata.src_node_id] = [fresh[-1], float(metrics[LOCAL_TEST_EXAMPLES])]
         return fresh
 
-    def observe_eval(self, server_round: int, record: dict) -> None:
+    def observe_eval(self, server_round: int, record: dict, services: Services) -> None:
         """Add the official code's accuracy: every training client's latest local model (the
         global model for one not trained yet), pooled over test samples."""
         global_accuracy = record.get("client_accuracy")
-        if not self.scoring or not global_accuracy or self.services is None:
+        if not self.scoring or not global_accuracy:
             return
-        s = self.services
+        s = services
         scored = []
         for pid, node in zip(s.trainable, s.nodes(s.trainable)):
             if node in self.local_scores:

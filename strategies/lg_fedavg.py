@@ -28,6 +28,17 @@ which it was evaluated, from the warm-start model LG starts from on, chosen on i
 New Test: after training every client sends its local part once (``query.localpart``); the
 server averages the logits (or softmax outputs) of all local models with the global part on
 the global test set.
+
+``new_test.models=best`` (New Test on) is the official main_lg.py's selection, made on the test
+data. Each client keeps the local part of its best Local Test evaluation in LG (the latest of
+ties). After every evaluated LG round the server averages the global parts those best models were
+evaluated with (it keeps the global part of every round still someone's best) and sends the
+average to every client (``query.lgselect``); each client scores its best local part with it,
+keeps that model as the round's candidate and replies with the accuracy. The round whose mean
+scores highest (the first of ties) is selected (summary ``local_test_selected``, the official
+Local Test, and ``local_test_selected_round``): its candidates are the clients' New Test models,
+sent whole. Unlike main_lg.py, the warm-start model itself is not a candidate (no client's best
+was in the CIFAR-10 runs of ``lg_table1_cifar10``).
 """
 
 from __future__ import annotations
@@ -36,6 +47,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
+import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
@@ -46,13 +58,25 @@ from strategies.checks import nonnegative, positive, require
 from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, WeightedAverage, all_keys, register
 from strategies.common import ARRAYS, CONFIG, NUM_EXAMPLES, ClientRuntime, best_over_rounds, reply, round_config
 from strategies.services import Services, is_training_record
-from strategies.state_store import keep_arrays, kept_arrays
+from strategies.state_store import keep_arrays, kept_arrays, load_kept_model
 from task.learning.fairness import train_fair
 from task.learning.models import FairMLP
 from task.learning.split_model import SplitModel
 
 LOCAL_STATE = "lg-local"
 PHASE = "lg-phase"
+SELECT = "query.lgselect"  # new_test.models=best: score the best local part with the averaged global part
+SELECTED_ROUND = "lg-selected-round"  # config: the round selected so far (-1: none)
+BEST_LOCAL = "lg-best-local"  # the local part of the client's best Local Test evaluation in LG ...
+BEST_SCORE = "lg-best"  # ... and its accuracy and round
+CANDIDATE = "lg-candidate"  # the last selection's model (best local part, averaged global part) ...
+CANDIDATE_ROUND = "lg-candidate-round"  # ... and its round
+SELECTED = "lg-selected"  # the candidate of the selected round: the New Test model
+
+
+def selects(cfg: DictConfig) -> bool:
+    """Whether the run makes main_lg.py's selection (``new_test.models=best`` with New Test on)."""
+    return bool(cfg.new_test.enabled) and cfg.new_test.models == "best"
 
 
 def global_groups(group_names: list[str], cfg: DictConfig) -> list[str]:
@@ -84,7 +108,8 @@ def local_keys(model: SplitModel, cfg: DictConfig) -> list[str]:
 class LGFedAvg(ServerHooks, WeightedAverage):
     """FedAvg warm start, then FedAvg of the global part with local parts kept on the clients."""
 
-    checkpointed = ("switch_round", "best_warm_start", "warm_start_from")
+    checkpointed = ("switch_round", "best_warm_start", "warm_start_from", "client_best", "global_of_round",
+                    "selected_round", "selected_accuracy")
     node_keyed = ("initialised",)
 
     def __init__(self, cfg: DictConfig, fedavg_rounds: int | None, goal_accuracy: float | None,
@@ -101,12 +126,15 @@ class LGFedAvg(ServerHooks, WeightedAverage):
         self.keep_best = cfg.lg.warm_start == "best"
         self.best_warm_start: dict | None = None  # lg.warm_start=best: round, accuracy, arrays (until the switch)
         self.warm_start_from: list | None = None  # [round, global accuracy] of the model LG started from
-        self.services: Services | None = None
+        self.selecting = selects(cfg)  # main_lg.py's selection:
+        self.client_best: dict[str, list] = {}  # partition id -> [accuracy, round] of its best LG evaluation
+        self.global_of_round: dict[int, ArrayRecord] = {}  # the global part of each round still someone's best
+        self.selected_round = -1  # the round whose models score best with their averaged global part
+        self.selected_accuracy: float | None = None
 
     def on_start(self, services: Services) -> None:
         """Learn the global part's keys from the model (its layer groups, not branches such as an adversary)."""
         self.global_part = set(global_keys(services.model, self.cfg))
-        self.services = services
 
     def lg_phase(self, server_round: int) -> bool:
         """Whether ``server_round`` trains local and global parts (after the FedAvg warm start)."""
@@ -145,18 +173,49 @@ class LGFedAvg(ServerHooks, WeightedAverage):
         """Nodes whose message failed may not hold a local part: send them the warm-start one again."""
         self.initialised.difference_update(nodes)
 
-    def observe_eval(self, server_round: int, record: dict) -> None:
+    def observe_eval(self, server_round: int, record: dict, services: Services) -> None:
         """In the warm start: keep its best global model so far (``lg.warm_start=best``; the first
-        of ties, as main_fed.py), and switch to LG-FedAvg after the first evaluated round at the goal accuracy."""
-        acc = record.get("global_accuracy")
-        if acc is None or self.lg_phase(server_round):
+        of ties, as main_fed.py), and switch to LG-FedAvg after the first evaluated round at the goal
+        accuracy. In LG: main_lg.py's selection (``new_test.models=best``)."""
+        if self.lg_phase(server_round):
+            if self.selecting:
+                record.update(self._select(server_round, record, services))
             return
-        if self.keep_best and self.services is not None and (
-                self.best_warm_start is None or acc > self.best_warm_start["accuracy"]):
-            arrays = ArrayRecord(dict(self.services.get_arrays().items()))  # the round's entries, replaced later
+        acc = record.get("global_accuracy")
+        if acc is None:
+            return
+        if self.keep_best and (self.best_warm_start is None or acc > self.best_warm_start["accuracy"]):
+            arrays = ArrayRecord(dict(services.get_arrays().items()))  # the round's entries, replaced later
             self.best_warm_start = {"round": server_round, "accuracy": acc, "arrays": arrays}
         if self.switch_round is None and self.goal_accuracy is not None and acc >= self.goal_accuracy:
             self.switch_round = server_round + 1
+
+    def _select(self, server_round: int, record: dict, services: Services) -> dict:
+        """One step of main_lg.py's selection after an evaluated LG round: every client scores its
+        best local part with the average of the global parts its peers' best models had; the
+        round of the best mean is selected (its models answer New Test)."""
+        shared = services.get_arrays()
+        self.global_of_round[server_round] = ArrayRecord({k: shared[k] for k in shared if k in self.global_part})
+        for pid, acc in (record.get("client_accuracy") or {}).items():
+            if pid not in self.client_best or acc >= self.client_best[pid][0]:  # main_lg.py: >=
+                self.client_best[pid] = [acc, server_round]
+        rounds = {r for _, r in self.client_best.values()}
+        self.global_of_round = {r: a for r, a in self.global_of_round.items() if r in rounds}
+        if not self.client_best:
+            return {}
+        parts = [self.global_of_round[r].to_torch_state_dict() for _, r in self.client_best.values()]
+        average = ArrayRecord({k: torch.stack([p[k] for p in parts]).mean(dim=0) for k in parts[0]})
+        config = ConfigRecord({"variant": self.cfg.label, "server-round": server_round, PHASE: "lg",
+                               SELECTED_ROUND: self.selected_round})
+        pids = sorted(int(p) for p in self.client_best)
+        messages = [Message(RecordDict({ARRAYS: average, CONFIG: config}), dst_node_id=node, message_type=SELECT)
+                    for node in services.nodes(pids)]
+        replies, failed = services.send(messages, "lg-select")
+        scores = services.metric_of(replies, "accuracy")
+        accuracy = float(np.mean(list(scores.values()))) if scores else None
+        if accuracy is not None and (self.selected_accuracy is None or accuracy > self.selected_accuracy):
+            self.selected_round, self.selected_accuracy = server_round, accuracy  # main_lg.py: > (the first of ties)
+        return {"lg_selection_accuracy": accuracy, "lg_selection_failed": len(failed)}
 
     def prepare_round(self, server_round: int, services: Services) -> dict | None:
         """At the first LG round: LG starts from the warm start's last model, or its best evaluated one."""
@@ -202,7 +261,7 @@ class LGFedAvg(ServerHooks, WeightedAverage):
         """New Test: ask every training client for its local part (None during the FedAvg warm start)."""
         if not self.lg_phase(server_round):
             return None
-        config = ConfigRecord({"variant": self.cfg.label})
+        config = ConfigRecord({"variant": self.cfg.label, SELECTED_ROUND: self.selected_round})
         return self._messages(server_round, services.get_arrays(), config, services.node_subset(services.trainable),
                               "query.localpart")
 
@@ -217,6 +276,8 @@ class LGFedAvg(ServerHooks, WeightedAverage):
             out["lg_rounds_trained"] = sum(is_training_record(r) and r["round"] >= self.switch_round for r in records)
             evals = [r for r in records if r["phase"] == "eval" and r["round"] >= start]
             out.update(local_test_best_from_round=start, **best_over_rounds(evals))
+        if self.selecting:
+            out.update(local_test_selected=self.selected_accuracy, local_test_selected_round=self.selected_round)
         return out
 
 
@@ -276,13 +337,50 @@ def train_lg(rt: ClientRuntime, content: RecordDict) -> RecordDict:
 
 
 def evaluate_lg(rt: ClientRuntime, content: RecordDict) -> RecordDict:
-    """Local Test: the client's own local part with the current global part."""
-    _adopt_local_part(rt, content)
-    return reply(None, **rt.evaluate_local(round_config(content)))
+    """Local Test: the client's own local part with the current global part (with
+    ``new_test.models=best``, an LG evaluation at least as good as every earlier one keeps its local part)."""
+    lg = _adopt_local_part(rt, content)
+    config = round_config(content)
+    metrics = rt.evaluate_local(config)
+    if lg and selects(rt.cfg) and "accuracy" in metrics:
+        best = kept_arrays(rt, BEST_SCORE)
+        if best is None or metrics["accuracy"] >= float(best["accuracy"]):  # main_lg.py: the latest of ties
+            state = rt.model.state_dict()
+            keep_arrays(rt, BEST_LOCAL, {k: state[k] for k in local_keys(rt.model, rt.cfg)})
+            keep_arrays(rt, BEST_SCORE, {"accuracy": torch.tensor(float(metrics["accuracy"]), dtype=torch.float64),
+                                         "round": torch.tensor(int(config["server-round"]))})
+    return reply(None, **metrics)
+
+
+def _keep_selected(rt: ClientRuntime, config: ConfigRecord) -> None:
+    """The last candidate becomes the client's New Test model when the server selected its round."""
+    candidate = kept_arrays(rt, CANDIDATE_ROUND)
+    if candidate is not None and int(candidate["round"]) == int(config.get(SELECTED_ROUND, -1)):
+        keep_arrays(rt, SELECTED, kept_arrays(rt, CANDIDATE))
+
+
+def select_lg(rt: ClientRuntime, content: RecordDict) -> RecordDict:
+    """main_lg.py's selection: the best local part with the received average of the best models'
+    global parts, kept as this round's candidate; its Local Test."""
+    config = round_config(content)
+    _keep_selected(rt, config)
+    rt.load(content[ARRAYS])
+    best_local = kept_arrays(rt, BEST_LOCAL)
+    if best_local is None:
+        raise ValueError(f"client {rt.partition_id} has no best LG evaluation to select from")
+    rt.load(ArrayRecord(best_local))
+    keep_arrays(rt, CANDIDATE, rt.model.state_dict())
+    keep_arrays(rt, CANDIDATE_ROUND, {"round": torch.tensor(int(config["server-round"]))})
+    return reply(None, **rt.evaluate_local(config))
 
 
 def send_local_part(rt: ClientRuntime, content: RecordDict) -> RecordDict:
-    """New Test: send the local part once (the warm-start one if never trained in LG)."""
+    """New Test: send the local part once (the warm-start one if never trained in LG); with
+    ``new_test.models=best`` the whole model of the selected round (its global part the average)."""
+    if selects(rt.cfg):
+        _keep_selected(rt, round_config(content))
+        if load_kept_model(rt, SELECTED):
+            return reply(rt.arrays(), **{NUM_EXAMPLES: len(rt.train)})
     _adopt_local_part(rt, content)
     return reply(rt.arrays(local_keys(rt.model, rt.cfg)), **{NUM_EXAMPLES: len(rt.train)})
 
@@ -318,7 +416,7 @@ ALGORITHM = register(Algorithm(
     name="lg_fedavg",
     description="a local representation per client, the top layers global and averaged (Liang et al. 2020)",
     make_strategy=make_strategy,
-    handlers={"train": train_lg, "evaluate": evaluate_lg, "query.localpart": send_local_part},
+    handlers={"train": train_lg, "evaluate": evaluate_lg, SELECT: select_lg, "query.localpart": send_local_part},
     shared_keys=all_keys,
     trained_global_keys=global_keys,
     config=LGConfig,
@@ -326,4 +424,6 @@ ALGORITHM = register(Algorithm(
     check=check,
     check_model=check_model,
     local_representation=True,
+    snapshot_after=frozenset({"train", "evaluate", SELECT}),
+    new_test_best=True,
 ))

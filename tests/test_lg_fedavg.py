@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from flwr.app import ConfigRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from flower_app.run.config import load_config, load_variants
 from flower_app.app.server_app import run_variants
@@ -211,8 +211,66 @@ def test_new_test_models_best_uploads_each_clients_best_evaluated_model(tmp_path
             accuracy = float((model(x).argmax(1) == y).double().mean())
         assert accuracy == pytest.approx(best[str(pid)], abs=1e-9), pid
 
-    with pytest.raises(ConfigError, match="new_test.models"):  # LG-FedAvg's clients keep no best model
-        load_config("quickstart", ["algorithm=lg_fedavg", "lg.fedavg_rounds=1", "new_test.models=best"])
+    with pytest.raises(ConfigError, match="new_test.models"):  # Ditto's clients keep no best model
+        load_config("quickstart", ["algorithm=ditto", "new_test.models=best"])
+
+
+def _client_accuracy(cfg, pid: int, arrays) -> float:
+    """The accuracy of the model ``arrays`` on partition ``pid``'s own test split."""
+    from task.data.federated_data import build_federated_data
+
+    fed = build_federated_data(cfg.data, cfg.seed)
+    model = build_model("digits_mlp", (1, 8, 8), 10).eval()
+    idx = fed.client_test[pid]
+    x, y = torch.as_tensor(np.asarray(fed.bundle.test.x)[idx]), torch.as_tensor(fed.bundle.test.y[idx])
+    model.load_state_dict(arrays.to_torch_state_dict())
+    with torch.no_grad():
+        return float((model(x).argmax(1) == y).double().mean())
+
+
+def test_lg_new_test_models_best_is_main_lg_selection(tmp_path):
+    """new_test.models=best for LG-FedAvg (official main_lg.py), proved by value: the selected round
+    is the first whose selection pass scores best; each client's New Test model carries the average
+    of the global parts that every client's best LG evaluation up to that round was made with (the
+    latest of ties), and scores on its own test split what the selection reported for it."""
+    overrides = (f"wandb.enabled=false out_dir={tmp_path} algorithm=lg_fedavg compare=[] lg.global_part=[fc2] "
+                 "lg.fedavg_rounds=3 lg.goal_accuracy=null rounds=9 eval.every=1 train.lr=1.0 "
+                 "new_test.enabled=true new_test.models=best")
+    grid, summary, evals = run_with_evals(LocalGrid, overrides, tmp_path)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    passes = {r["round"]: r["lg_selection_accuracy"] for r in records if r["phase"] == "eval" and r["round"] >= 4}
+    assert sorted(passes) == list(range(4, 10)) and all(r["lg_selection_failed"] == 0 for r in records
+                                                         if "lg_selection_failed" in r)
+    selected = summary["local_test_selected_round"]
+    assert selected == min(t for t in passes if passes[t] == max(passes.values()))
+    assert summary["local_test_selected"] == passes[selected]
+
+    shared = {}  # round -> the global part the evaluate messages carried
+    for msg in grid.sent:
+        if msg.metadata.message_type == "evaluate":
+            arrays = msg.content[ARRAYS]
+            shared[int(msg.content["config"]["server-round"])] = {k: arrays[k].numpy() for k in ("fc2.weight", "fc2.bias")}
+    best_round = {}
+    for t in range(4, selected + 1):
+        for pid, acc in evals[t].items():
+            if pid not in best_round or acc >= evals[best_round[pid]][pid]:
+                best_round[pid] = t
+    assert len(set(best_round.values())) > 1  # the clients' best rounds differ: the average is not one round's
+    expected = {k: np.mean([shared[t][k] for t in best_round.values()], axis=0) for k in ("fc2.weight", "fc2.bias")}
+
+    cfg = load_variants("quickstart", overrides.split())[0]
+    uploads = {int(grid.contexts[r.metadata.src_node_id].node_config["partition-id"]): r.content[ARRAYS]
+               for r in grid.replies if r.metadata.message_type == "query.localpart"}
+    assert sorted(uploads) == list(range(20))
+    scores = []
+    for pid, arrays in uploads.items():
+        for key in expected:
+            np.testing.assert_allclose(arrays[key].numpy(), expected[key], rtol=0, atol=1e-6)
+        scores.append(_client_accuracy(cfg, pid, arrays))
+        # its local part is the one of its best round: with that round's global part it scores that round's accuracy
+        at_best = ArrayRecord({**{k: arrays[k] for k in arrays}, **{k: Array(v) for k, v in shared[best_round[str(pid)]].items()}})
+        assert _client_accuracy(cfg, pid, at_best) == evals[best_round[str(pid)]][str(pid)], pid
+    assert float(np.mean(scores)) == pytest.approx(summary["local_test_selected"], abs=1e-12)
 
 
 def test_new_test_averages_softmax_outputs_or_logits():

@@ -62,3 +62,12 @@ def test_the_check_finds_a_personal_model_sent_under_the_global_models_names(tmp
     grid = run_recorded("algorithm=leaky_ditto", tmp_path)  # reply screening (names, shapes) lets it through
     found = leaks(grid)
     assert found and all(line.startswith("up train") and "personal-model" in line for line in found)
+
+
+def test_lg_selection_passes_carry_no_private_array(tmp_path):
+    """LG-FedAvg with main_lg.py's selection (new_test.models=best): its passes send the averaged
+    global part down and accuracies up; the only private arrays on the wire are New Test's uploads."""
+    grid = run_recorded(f"{PRIVATE['lg_fedavg']} eval.every=1 new_test.enabled=true new_test.models=best", tmp_path)
+    found = leaks(grid)
+    assert found and all(leak.startswith("up query.localpart ") for leak in found)
+    assert any(m.metadata.message_type == "query.lgselect" for m in grid.sent)

@@ -24,6 +24,8 @@ CASES = {
     "lg_fedavg": "algorithm=lg_fedavg lg.fedavg_rounds=2 lg.global_part=[fc2]",
     "lg_fedavg-warm_start_best": ("algorithm=lg_fedavg lg.fedavg_rounds=4 lg.global_part=[fc2] lg.warm_start=best "
                                   "train.lr=0.5 rounds=6"),  # cut in round 4: the best warm-start model comes from the checkpoint
+    "lg_fedavg-selection": ("algorithm=lg_fedavg lg.fedavg_rounds=1 lg.global_part=[fc2] rounds=6 "
+                            "new_test.enabled=true new_test.models=best"),  # the best parts, candidates and selection
     "lg_fedavg-online": ("algorithm=lg_fedavg lg.fedavg_rounds=1 lg.global_part=[fc2] rounds=2 "
                          "data.online_device.enabled=true data.online_device.train_size=100 "
                          "data.online_device.test_size=30 online.rounds=3 online.fraction=0.4"),  # cut in online round 2
@@ -84,7 +86,7 @@ def test_an_interrupted_run_resumes_to_the_same_metrics(tmp_path, name):
     assert _metrics(tmp_path / "cut") == _metrics(tmp_path / "whole")
     for key in ("personalized_accuracy", "global_accuracy", "params_up", "params_down", "failed_client_replies"):
         assert resumed[key] == whole[key], key
-    for key in ("official_local_accuracy", "lg_warm_start_round"):
+    for key in ("official_local_accuracy", "lg_warm_start_round", "local_test_selected", "local_test_selected_round"):
         assert resumed.get(key) == whole.get(key), key
 
 

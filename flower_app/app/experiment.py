@@ -287,7 +287,7 @@ class Experiment:
             eval_record = None
             if self.should_evaluate(t):
                 eval_record = self.evaluate_round(t, fed)
-                self.strategy.observe_eval(t, eval_record)
+                self.strategy.observe_eval(t, eval_record, self.services)
                 self.log_record(eval_record, track="eval")
                 if any(p.ends_main_phase(eval_record, self.services) for p in self.protocols):
                     self.last_main_round, self.main_done = t, True
