@@ -24,8 +24,8 @@ CASES = {
     "lg_fedavg": "algorithm=lg_fedavg lg.fedavg_rounds=2 lg.global_part=[fc2]",
     "lg_fedavg-warm_start_best": ("algorithm=lg_fedavg lg.fedavg_rounds=4 lg.global_part=[fc2] lg.warm_start=best "
                                   "train.lr=0.5 rounds=6"),  # cut in round 4: the best warm-start model comes from the checkpoint
-    "lg_fedavg-selection": ("algorithm=lg_fedavg lg.fedavg_rounds=1 lg.global_part=[fc2] rounds=6 "
-                            "new_test.enabled=true new_test.models=best"),  # the best parts, candidates and selection
+    "lg_fedavg-selection": ("algorithm=lg_fedavg lg.fedavg_rounds=1 lg.global_part=[fc2] rounds=6 train.lr=1.0 "
+                            "new_test.enabled=true new_test.models=best"),  # round 3, before the cut, stays selected
     "lg_fedavg-online": ("algorithm=lg_fedavg lg.fedavg_rounds=1 lg.global_part=[fc2] rounds=2 "
                          "data.online_device.enabled=true data.online_device.train_size=100 "
                          "data.online_device.test_size=30 online.rounds=3 online.fraction=0.4"),  # cut in online round 2
