@@ -309,6 +309,7 @@ def test_the_report_gives_the_notes_reason_for_each_explained_number_beyond_the_
     assert "**Explained by the notes**" in md and "- `b.acc`: measured in another cell\n" in md
     assert "- `b.steps`: counted another way\n" in md
     assert "never shown" not in md
+    assert "| B | steps | 150 | 1 | 100 | +50 (+50%) |" in md  # a count's difference: digits and per cent
 
 
 def test_a_cell_reports_only_its_own_columns_and_an_interval_can_exclude_the_paper(tiny, tmp_path):

@@ -90,6 +90,15 @@ def _fmt(value: float | None, percent: bool) -> str:
     return f"{value:.2f}" if percent else f"{value:.3g}"
 
 
+def _fmt_difference(difference: float | None, paper: float | None, percent: bool) -> str:
+    """Points for a percentage; otherwise three digits and the per cent of the paper's value."""
+    if difference is None:
+        return "–"
+    if percent:
+        return f"{difference:+.2f}"
+    return f"{difference:+.3g}" + (f" ({100 * difference / paper:+.0f}%)" if paper else "")
+
+
 def markdown(table: Table, scale: str, manifest: dict, table_rows: list[dict], claims: list[dict],
              left_out: list[str]) -> str:
     """The generated table with its header: setting, machine, commits, differences."""
@@ -139,7 +148,7 @@ def markdown(table: Table, scale: str, manifest: dict, table_rows: list[dict], c
             ours = _fmt(r["mean"], percent) + (f" ± {_fmt(r['std'], percent)}" if r["n"] > 1 else "")
         within = {True: "yes", False: "**no**", None: "–"}[r["within_tolerance"]]
         wall = "–" if r["wall_s_per_seed"] is None else f"{r['wall_s_per_seed'] / 60:.1f} min"
-        diff = "–" if r["difference"] is None else f"{r['difference']:+.2f}"
+        diff = _fmt_difference(r["difference"], r["paper"], percent)
         interval = "–" if r["ci95"] is None else (
             f"{'yes' if r['paper_in_ci95'] else 'no'} (± {_fmt(r['ci95'], percent)})")
         lines.append(f"| {_cell(r['label'])} | {_cell(r['metric'])} | {ours} | {r['n']} | {_fmt(r['paper'], percent)} | {diff} |"
