@@ -126,7 +126,7 @@ class LGFedAvg(ServerHooks, WeightedAverage):
         self.keep_best = cfg.lg.warm_start == "best"
         self.best_warm_start: dict | None = None  # lg.warm_start=best: round, accuracy, arrays (until the switch)
         self.warm_start_from: list | None = None  # [round, global accuracy] of the model LG started from
-        self.selecting = selects(cfg)  # main_lg.py's selection:
+        self.selecting = selects(cfg)  # main_lg.py's selection (new_test.models=best) and its state:
         self.client_best: dict[str, list] = {}  # partition id -> [accuracy, round] of its best LG evaluation
         self.global_of_round: dict[int, ArrayRecord] = {}  # the global part of each round still someone's best
         self.selected_round = -1  # the round whose models score best with their averaged global part
