@@ -58,6 +58,8 @@ from strategies.checks import nonnegative, positive, require
 from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, WeightedAverage, all_keys, register
 from strategies.common import ARRAYS, CONFIG, NUM_EXAMPLES, ClientRuntime, best_over_rounds, reply, round_config
 from strategies.services import Services, is_training_record
+from strategies.lg_selection import (SELECT, SELECTED, SELECTED_ROUND, average_of_best, keep_if_best, keep_selected,
+                                     select_lg, selects, update_best)
 from strategies.state_store import keep_arrays, kept_arrays, load_kept_model
 from task.learning.fairness import train_fair
 from task.learning.models import FairMLP
@@ -65,18 +67,6 @@ from task.learning.split_model import SplitModel
 
 LOCAL_STATE = "lg-local"
 PHASE = "lg-phase"
-SELECT = "query.lgselect"  # new_test.models=best: score the best local part with the averaged global part
-SELECTED_ROUND = "lg-selected-round"  # config: the round selected so far (-1: none)
-BEST_LOCAL = "lg-best-local"  # the local part of the client's best Local Test evaluation in LG ...
-BEST_SCORE = "lg-best"  # ... and its accuracy and round
-CANDIDATE = "lg-candidate"  # the last selection's model (best local part, averaged global part) ...
-CANDIDATE_ROUND = "lg-candidate-round"  # ... and its round
-SELECTED = "lg-selected"  # the candidate of the selected round: the New Test model
-
-
-def selects(cfg: DictConfig) -> bool:
-    """Whether the run makes main_lg.py's selection (``new_test.models=best`` with New Test on)."""
-    return bool(cfg.new_test.enabled) and cfg.new_test.models == "best"
 
 
 def global_groups(group_names: list[str], cfg: DictConfig) -> list[str]:
@@ -196,15 +186,12 @@ class LGFedAvg(ServerHooks, WeightedAverage):
         round of the best mean is selected (its models answer New Test)."""
         shared = services.get_arrays()
         self.global_of_round[server_round] = ArrayRecord({k: shared[k] for k in shared if k in self.global_part})
-        for pid, acc in (record.get("client_accuracy") or {}).items():
-            if pid not in self.client_best or acc >= self.client_best[pid][0]:  # main_lg.py: >=
-                self.client_best[pid] = [acc, server_round]
+        update_best(self.client_best, record.get("client_accuracy") or {}, server_round)
         rounds = {r for _, r in self.client_best.values()}
         self.global_of_round = {r: a for r, a in self.global_of_round.items() if r in rounds}
         if not self.client_best:
             return {}
-        parts = [self.global_of_round[r].to_torch_state_dict() for _, r in self.client_best.values()]
-        average = ArrayRecord({k: torch.stack([p[k] for p in parts]).mean(dim=0) for k in parts[0]})
+        average = average_of_best(self.client_best, self.global_of_round)
         config = ConfigRecord({"variant": self.cfg.label, "server-round": server_round, PHASE: "lg",
                                SELECTED_ROUND: self.selected_round})
         pids = sorted(int(p) for p in self.client_best)
@@ -343,42 +330,15 @@ def evaluate_lg(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     config = round_config(content)
     metrics = rt.evaluate_local(config)
     if lg and selects(rt.cfg) and "accuracy" in metrics:
-        best = kept_arrays(rt, BEST_SCORE)
-        if best is None or metrics["accuracy"] >= float(best["accuracy"]):  # main_lg.py: the latest of ties
-            state = rt.model.state_dict()
-            keep_arrays(rt, BEST_LOCAL, {k: state[k] for k in local_keys(rt.model, rt.cfg)})
-            keep_arrays(rt, BEST_SCORE, {"accuracy": torch.tensor(float(metrics["accuracy"]), dtype=torch.float64),
-                                         "round": torch.tensor(int(config["server-round"]))})
+        keep_if_best(rt, metrics["accuracy"], int(config["server-round"]), local_keys(rt.model, rt.cfg))
     return reply(None, **metrics)
-
-
-def _keep_selected(rt: ClientRuntime, config: ConfigRecord) -> None:
-    """The last candidate becomes the client's New Test model when the server selected its round."""
-    candidate = kept_arrays(rt, CANDIDATE_ROUND)
-    if candidate is not None and int(candidate["round"]) == int(config.get(SELECTED_ROUND, -1)):
-        keep_arrays(rt, SELECTED, kept_arrays(rt, CANDIDATE))
-
-
-def select_lg(rt: ClientRuntime, content: RecordDict) -> RecordDict:
-    """main_lg.py's selection: the best local part with the received average of the best models'
-    global parts, kept as this round's candidate; its Local Test."""
-    config = round_config(content)
-    _keep_selected(rt, config)
-    rt.load(content[ARRAYS])
-    best_local = kept_arrays(rt, BEST_LOCAL)
-    if best_local is None:
-        raise ValueError(f"client {rt.partition_id} has no best LG evaluation to select from")
-    rt.load(ArrayRecord(best_local))
-    keep_arrays(rt, CANDIDATE, rt.model.state_dict())
-    keep_arrays(rt, CANDIDATE_ROUND, {"round": torch.tensor(int(config["server-round"]))})
-    return reply(None, **rt.evaluate_local(config))
 
 
 def send_local_part(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     """New Test: send the local part once (the warm-start one if never trained in LG); with
     ``new_test.models=best`` the whole model of the selected round (its global part the average)."""
     if selects(rt.cfg):
-        _keep_selected(rt, round_config(content))
+        keep_selected(rt, round_config(content))
         if load_kept_model(rt, SELECTED):
             return reply(rt.arrays(), **{NUM_EXAMPLES: len(rt.train)})
     _adopt_local_part(rt, content)
