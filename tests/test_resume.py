@@ -132,6 +132,12 @@ RESTART_AFTER = 2
 #: Local-only clients that keep the model of their best evaluation for New Test (a high rate makes
 #: accuracy fall as well as rise, so a best model from before the restart is still the best after it).
 BEST_MODELS = "local_only.clients=all new_test.enabled=true new_test.models=best train.lr=2.0"
+#: LG-FedAvg with main_lg.py's selection: partition 1's best local part and candidate, kept before
+#: its restart, make the New Test model of the round selected.
+LG_SELECTION = "lg.fedavg_rounds=0 lg.global_part=[fc2] new_test.enabled=true new_test.models=best train.lr=2.0"
+#: The summary key of the round whose model partition 1 uploads for New Test.
+NEW_TEST_ROUND = {"local_only": lambda summary: summary["local_test_best_client_round"]["1"],
+                  "lg_fedavg": lambda summary: summary["local_test_selected_round"]}
 
 
 class RestartingGrid(LocalGrid):
@@ -172,7 +178,8 @@ def _with_state_dirs(grid: LocalGrid, root) -> LocalGrid:
 
 @pytest.mark.parametrize("algorithm, last_message", [("fedrep", "evaluate"), ("scaffold", "train"), ("ditto", "evaluate"),
                                                      ("apfl apfl.adaptive=true", "evaluate"), ("fed_mtl", "evaluate"),
-                                                     (f"local_only {BEST_MODELS}", "evaluate")])
+                                                     (f"local_only {BEST_MODELS}", "evaluate"),
+                                                     (f"lg_fedavg {LG_SELECTION}", "query.lgselect")])
 def test_a_restarted_supernode_finds_its_state_in_its_state_dir(tmp_path, algorithm, last_message):
     overrides = f"{BASE} algorithm={algorithm} train.fraction=1.0 rounds=4"
     cfg = load_config("quickstart", f"{overrides} out_dir={tmp_path / 'whole'}".split())
@@ -195,7 +202,7 @@ def test_a_restarted_supernode_finds_its_state_in_its_state_dir(tmp_path, algori
     _, lost_grid = restarted("lost", tmp_path / "empty-disk")  # the node came back without its disk
     assert _metrics(tmp_path / "lost") != _metrics(tmp_path / "whole")
     if "new_test.enabled=true" in algorithm:  # partition 1's best model was kept before its restart
-        assert whole["local_test_best_client_round"]["1"] <= RESTART_AFTER
+        assert NEW_TEST_ROUND[algorithm.split()[0]](whole) <= RESTART_AFTER
         assert _new_test_uploads(lost_grid)[1] != _new_test_uploads(whole_grid)[1]
 
 
