@@ -19,6 +19,7 @@ import pytest
 from flower_app.tools.certs import load_deployment_keys, make_deployment_keys
 from flower_app.tools.deploy import LocalDeployment, free_port, wait_for_port
 from task.errors import ConfigError
+from tests.terminal_signals import as_in_a_terminal
 
 RUN = ["compare=[]", "wandb.enabled=false", "train.fraction=1.0", "eval.final_window=1", "fedrep.head_epochs=2"]
 
@@ -227,7 +228,8 @@ def test_a_stopped_deploy_leaves_no_process_behind(tmp_path, how):
     cmd = [sys.executable, "-m", "flower_app.cli", "deploy", "--nodes", "2", "quickstart", *RUN, "rounds=500",
            "--out", str(out)]
     launcher = cmd if how != "parent dies" else ["sh", "-c", shlex.join(cmd) + " & wait"]
-    proc = subprocess.Popen(launcher, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(launcher, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            preexec_fn=as_in_a_terminal)
     pids_file = out / "deployment" / "processes.json"
     try:
         deadline = time.monotonic() + 240

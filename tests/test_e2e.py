@@ -9,6 +9,8 @@ import time
 
 import pytest
 
+from tests.terminal_signals import as_in_a_terminal
+
 SUMMARY_KEYS = {
     "algorithm", "dataset", "num_clients", "rounds", "personalized_accuracy", "personalized_accuracy_std",
     "personalized_accuracy_worst10", "global_accuracy", "bytes_up", "bytes_down", "wall_time_s", "seed",
@@ -108,7 +110,7 @@ def test_an_interrupted_simulation_resumes_through_flrep_run(tmp_path):
     cut = tmp_path / "cut"
     proc = subprocess.Popen([sys.executable, "-m", "flower_app.cli", "run", *args, "--out", str(cut)],
                             stdout=subprocess.DEVNULL, stderr=(tmp_path / "cut.err").open("w"),
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as in a terminal
+                            preexec_fn=as_in_a_terminal)
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and proc.poll() is None and not any(

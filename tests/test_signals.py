@@ -17,16 +17,18 @@ from pathlib import Path
 
 import pytest
 
+from tests.terminal_signals import as_in_a_terminal
+
 RUN = ["quickstart", "algorithm=fedrep", "compare=[]", "eval.final_window=2", "wandb.enabled=false"]
 RAY_DUMP = ("*** SIGTERM received", "*** SIGINT received", "*** Aborted at", "PC: @", "Fatal Python error")
 
 
 def _start(cmd: list[str], log: Path, marker: str) -> subprocess.Popen:
-    """``cmd`` in a session of its own (its PID is its process group's), SIGINT at its default
-    (a background job of a non-interactive shell starts with it ignored), its processes marked."""
+    """``cmd`` in a session of its own (its PID is its process group's), its stop signals as in a
+    terminal, its processes marked."""
     return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
                             env={**os.environ, "FLREP_SIGNAL_TEST": marker},
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            preexec_fn=as_in_a_terminal)
 
 
 def _left_behind(sid: int, marker: str) -> list[str]:
