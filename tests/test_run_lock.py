@@ -20,6 +20,7 @@ from flower_app.app import checkpoint
 
 from flower_app.run import run_dir, run_lock
 from flower_app.run.run_lock import LOCK_FILE, FolderBusy
+from tests.terminal_signals import as_in_a_terminal
 
 ARGS = ["quickstart", "algorithm=fedrep", "compare=[]", "rounds=4", "eval.final_window=2", "wandb.enabled=false"]
 BUSY = re.compile(r"is in use by another flrep command \(PID (\d+)\)")
@@ -46,6 +47,26 @@ def test_a_second_owner_is_refused_naming_the_folder_and_pid_until_the_first_is_
     with run_lock.hold(folder):  # the kernel dropped the killed owner's lock; its file is taken over
         assert (folder / LOCK_FILE).read_text().strip() == str(os.getpid())
     assert list(folder.iterdir()) == []
+
+
+def test_a_refused_command_names_the_new_owner_not_the_killed_one_whose_file_it_took_over(tmp_path):
+    """The new owner locks the file a killed owner left, then writes its PID: a command refused in
+    between names the new owner, not the dead PID still in the file."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (folder / LOCK_FILE).write_text(f"{dead.stdout.strip()}\n")  # as a killed owner leaves it
+    code = ("import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR); fcntl.flock(fd, fcntl.LOCK_EX); "
+            "print('locked', flush=True); time.sleep(0.5); os.ftruncate(fd, 0); "
+            "os.write(fd, f'{os.getpid()}\\n'.encode()); time.sleep(600)")
+    owner = subprocess.Popen([sys.executable, "-c", code, str(folder / LOCK_FILE)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert owner.stdout.readline().strip() == "locked"
+        with pytest.raises(FolderBusy, match=rf"\(PID {owner.pid}\)"):
+            run_lock.acquire(folder)
+    finally:
+        owner.kill()
+        owner.wait()
 
 
 def test_the_lock_file_is_no_result_and_leaves_with_its_owner(tmp_path):
@@ -78,7 +99,7 @@ def test_a_run_moved_aside_leaves_the_lock_behind(tmp_path):
 
 def _start(*args: str, err: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "flower_app.cli", "run", *args], stdout=subprocess.DEVNULL,
-                            stderr=err.open("w"), preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            stderr=err.open("w"), preexec_fn=as_in_a_terminal)
 
 
 def _race(tmp_path: Path, name: str, *args: str) -> tuple[int, int, str]:

@@ -123,13 +123,24 @@ def _same_file(fd: int, path: Path) -> bool:
 
 
 def _owner(path: Path) -> str:
-    """The PID in a held lock file (its owner may be writing it just now)."""
-    for _ in range(20):
+    """The PID in a held lock file, once it names a live process: its owner may be writing it just
+    now, over nothing or over the PID of a killed owner that left the file."""
+    for _ in range(40):
         try:
             text = path.read_text().strip()
         except OSError:
             text = ""
-        if text:
+        if text.isdigit() and _alive(int(text)):
             return text
         time.sleep(0.05)
     return "unknown"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
