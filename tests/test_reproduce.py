@@ -514,25 +514,37 @@ def test_a_fresh_clone_continues_a_table_from_the_runs_git_keeps(tiny, tmp_path,
     assert " | 2 | 50.00 |" in (clone / "table.md").read_text()
 
 
-def test_git_keeps_the_summary_and_config_of_each_reproduction_run_and_nothing_else(tmp_path):
+def test_git_and_the_app_bundle_keep_the_summary_and_config_of_each_reproduction_run_and_nothing_else(tmp_path):
+    """Git, and ``flwr run``'s app bundle (FAB, capped at 10 MB, built with the root .gitignore
+    only), leave out what a table's runs write beside their summary.json and config.yaml."""
     import shutil
     import subprocess
+    import zipfile
+    from io import BytesIO
 
+    from flwr.cli.build import build_fab_from_files
+
+    root = Path(__file__).parents[1]
     repo = tmp_path / "repo"
-    (repo / "docs" / "reproduction").mkdir(parents=True)
-    shutil.copy(Path(__file__).parents[1] / "docs" / "reproduction" / ".gitignore", repo / "docs" / "reproduction")
-    files = ["t/table.md", "t/reproduce.json", "t/runs/a/seed0.log", "t/runs/a/seed0/summary.json",
-             "t/runs/a/seed0/config.yaml", "t/runs/a/seed0/metrics.jsonl", "t/runs/a/seed0/checkpoint/r/server.pt",
-             "t/runs/a/seed0/wandb/run.wandb", "t/runs/a/seed0.old-20261123-120000/summary.json"]
-    for name in files:
-        (repo / "docs" / "reproduction" / name).parent.mkdir(parents=True, exist_ok=True)
-        (repo / "docs" / "reproduction" / name).write_text("x")
+    repo.mkdir()
+    shutil.copy(root / ".gitignore", repo)
+    shutil.copy(root / "pyproject.toml", repo)
+    kept = ["docs/reproduction/t/reproduce.json", "docs/reproduction/t/runs/a/seed0/config.yaml",
+            "docs/reproduction/t/runs/a/seed0/summary.json", "docs/reproduction/t/runs/b/seed12/summary.json",
+            "docs/reproduction/t/table.md"]
+    left = ["t/runs/a/seed0.log", "t/runs/a/seed0/metrics.jsonl", "t/runs/a/seed0/checkpoint/r/server.pt",
+            "t/runs/a/seed0/checkpoint/r/state.json", "t/runs/a/seed0/wandb/run.wandb",
+            "t/runs/a/seed0.old-20261123-120000/summary.json", "t/runs/a/seed0.old-20261123-120000/metrics.jsonl"]
+    for name in kept + [f"docs/reproduction/{n}" for n in left]:
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text("x")
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
-    listed = subprocess.run(["git", "ls-files", "--others", "--exclude-standard"], cwd=repo, check=True,
+    listed = subprocess.run(["git", "ls-files", "--others", "--exclude-standard", "docs"], cwd=repo, check=True,
                             capture_output=True, text=True).stdout.split()
-    assert sorted(listed) == ["docs/reproduction/.gitignore", "docs/reproduction/t/reproduce.json",
-                              "docs/reproduction/t/runs/a/seed0/config.yaml",
-                              "docs/reproduction/t/runs/a/seed0/summary.json", "docs/reproduction/t/table.md"]
+    assert sorted(listed) == kept
+    files = {str(p.relative_to(repo)): p for p in repo.rglob("*") if p.is_file() and ".git" not in p.parts}
+    fab = zipfile.ZipFile(BytesIO(build_fab_from_files(files)[0]))
+    assert sorted(n for n in fab.namelist() if n.startswith("docs/")) == kept
 
 
 def test_sigterm_stops_the_running_cell_and_leaves_no_process(tmp_path):
