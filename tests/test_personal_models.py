@@ -241,3 +241,16 @@ def test_a_bad_value_is_refused_naming_its_key(override, key, allowed):
     with pytest.raises(ConfigError) as info:
         load_config("quickstart", override.split())
     assert str(info.value).startswith(f"{key}:") and allowed in str(info.value)
+
+
+def test_apfls_global_model_takes_fedavgs_steps_value_for_value(tmp_path):
+    """APFL updates w with w's own loss only (Algorithm 1): with FedAvg's seed and batches, every
+    w a client sends back is FedAvg's trained model, value for value; v never feeds back."""
+    def uploads(algorithm: str) -> list[list[list[float]]]:
+        grid = run_recorded(f"algorithm={algorithm}", tmp_path / algorithm)
+        return [[v.tolist() for v in m.content[ARRAYS].to_torch_state_dict().values()]
+                for m in grid.replies if m.metadata.message_type == "train"]
+
+    fedavg = uploads("fedavg")
+    assert len(fedavg) == 12 and fedavg[0] != fedavg[-1]  # 4 rounds of 3 clients; the model moved
+    assert uploads("apfl") == fedavg
