@@ -11,7 +11,8 @@ set at an evaluated round). LG starts from the warm start's last model (``lg.war
 the paper) or from its global model of the best evaluated global accuracy (``best``, a selection
 on the test set: the official main_fed.py saves ``best_<N>.pt``, the best of its first N rounds,
 tested every round, which main_lg.py loads with ``--load_fed``; summary: ``lg_warm_start_round``,
-``lg_warm_start_accuracy``). Then ``lg.lg_rounds`` LG rounds follow (the paper's "LG Rounds"
+``lg_warm_start_accuracy``). The warm start trains at ``lg.warm_start_lr`` when set, fixed (main_fed.py
+never passes its --lr or decayed rate: LocalUpdate.train's default 0.1 trains), else at ``train.lr``. Then ``lg.lg_rounds`` LG rounds follow (the paper's "LG Rounds"
 column; unset: LG until ``rounds``, which is always the cap). A run that never leaves the
 warm start, or whose cap cuts its LG rounds short, is a failed run. From the switch on:
 
@@ -314,7 +315,7 @@ def train_lg(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     """FedAvg warm start: the whole model. LG phase: own local part + global part trained
     end to end; keep the local part, send the global part."""
     lg = _adopt_local_part(rt, content)
-    result = rt.local_training(round_config(content))
+    result = rt.local_training(round_config(content), lr=None if lg else rt.cfg.lg.warm_start_lr)
     metrics = {"train_loss": result.mean_loss, "local_steps": result.steps, NUM_EXAMPLES: len(rt.train)}
     if not lg:
         return reply(rt.arrays(), **metrics)
@@ -354,6 +355,7 @@ class LGConfig:
     goal_accuracy: Optional[float] = positive()  # ... or until this global accuracy
     lg_rounds: Optional[int] = positive()  # LG rounds after the warm start (null: LG until `rounds`)
     warm_start: Literal["last", "best"] = MISSING  # LG starts from the warm start's last model | its best evaluated one
+    warm_start_lr: Optional[float] = positive()  # the warm start's fixed client rate (null: train.lr's schedule)
 
 
 def check(cfg: DictConfig) -> None:

@@ -97,6 +97,27 @@ def test_lg_rounds_follow_the_goal_and_end_the_run(tmp_path):
     assert summary["final_window_rounds"] == [2, 3] and summary["new_test_accuracy"] is not None
 
 
+def train_uploads(grid: LocalGrid) -> dict[tuple[int, int], dict[str, np.ndarray]]:
+    """(round, node) -> the arrays that node's train reply carried."""
+    return {(int(m.content["config"]["server-round"]), m.metadata.dst_node_id):
+            {k: v.numpy() for k, v in r.content[ARRAYS].items()}
+            for r, m in zip(grid.replies, grid.sent) if m.metadata.message_type == "train"}
+
+
+def test_warm_start_lr_trains_the_warm_start_only(tmp_path):
+    """lg.warm_start_lr (main_fed.py's rate, not main_lg.py's): the warm start's uploads equal, by value,
+    those of a run whose train.lr is that rate; the LG rounds train at train.lr and so differ."""
+    grid, _ = run_lg(tmp_path / "own", "train.lr=0.05 lg.warm_start_lr=0.2")
+    reference, _ = run_lg(tmp_path / "same", "train.lr=0.2")
+    ours, theirs = train_uploads(grid), train_uploads(reference)
+    assert ours.keys() == theirs.keys()
+    for key, arrays in ours.items():
+        same = all(np.array_equal(arrays[k], theirs[key][k]) for k in arrays)
+        assert same == (key[0] <= 3), f"round {key[0]}, node {key[1]}"
+    with pytest.raises(ConfigError, match="lg.warm_start_lr"):
+        load_config("quickstart", ["algorithm=lg_fedavg", "lg.fedavg_rounds=1", "lg.warm_start_lr=-1"])
+
+
 def test_a_run_that_never_leaves_the_warm_start_fails(tmp_path):
     _, summary = run_lg(tmp_path, "lg.fedavg_rounds=null lg.goal_accuracy=0.999 rounds=3")
     assert summary["status"] == "failed" and summary["lg_switch_round"] is None
