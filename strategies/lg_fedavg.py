@@ -11,10 +11,11 @@ set at an evaluated round). LG starts from the warm start's last model (``lg.war
 the paper) or from its global model of the best evaluated global accuracy (``best``, a selection
 on the test set: the official main_fed.py saves ``best_<N>.pt``, the best of its first N rounds,
 tested every round, which main_lg.py loads with ``--load_fed``; summary: ``lg_warm_start_round``,
-``lg_warm_start_accuracy``). The warm start trains at ``lg.warm_start_lr`` when set, fixed (main_fed.py
-never passes its --lr or decayed rate: LocalUpdate.train's default 0.1 trains), else at ``train.lr``. Then ``lg.lg_rounds`` LG rounds follow (the paper's "LG Rounds"
-column; unset: LG until ``rounds``, which is always the cap). A run that never leaves the
-warm start, or whose cap cuts its LG rounds short, is a failed run. From the switch on:
+``lg_warm_start_accuracy``). The warm start trains at ``lg.warm_start_lr`` when set, fixed
+(main_fed.py never passes its --lr or decayed rate: LocalUpdate.train's default 0.1 trains), else
+at ``train.lr``. Then ``lg.lg_rounds`` LG rounds follow (the paper's "LG Rounds" column; unset:
+LG until ``rounds``, which is always the cap). A run that never leaves the warm start, or whose
+cap cuts its LG rounds short, is a failed run. From the switch on:
 
 Server: FedAvg (weights: ``train.aggregation``) of the global part only. The server keeps the whole
 model; a client that has no local part yet receives the warm-start model's local part once
