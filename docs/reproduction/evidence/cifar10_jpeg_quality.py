@@ -54,7 +54,7 @@ REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO))
 
 from task.data.datasets.image_folder import load_image_folder  # noqa: E402
-from task.data.datasets.images import ImageArray  # noqa: E402
+from task.data.datasets.images import image_bundle, normalize_images  # noqa: E402
 from task.data.home import data_home  # noqa: E402
 from task.learning.engine import crop_flip  # noqa: E402
 from task.learning.models import build_model  # noqa: E402
@@ -91,14 +91,13 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def normalised(train_raw: np.ndarray, test_raw: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """float32 train and test images, standardised with the train set's per-channel statistics,
-    and a black pixel's normalised value (C, 1, 1)."""
-    train, test = ImageArray(train_raw), ImageArray(test_raw)
-    mean, std = (s.astype(np.float32) for s in train.channel_stats())
-    for arr in (train, test):
-        arr.mean, arr.std = mean, std
-    black = torch.from_numpy(-mean / std).reshape(-1, 1, 1)
-    return torch.from_numpy(np.asarray(train)), torch.from_numpy(np.asarray(test)), black
+    """float32 train and test images, standardised as a run does (``normalize_images``: the train
+    set's per-channel statistics), and a black pixel's normalised value (C, 1, 1)."""
+    bundle = image_bundle(np.moveaxis(train_raw, 1, -1), np.zeros(len(train_raw)),
+                          np.moveaxis(test_raw, 1, -1), np.zeros(len(test_raw)), 10)
+    normalize_images(bundle)
+    black = torch.from_numpy(-bundle.meta["mean"] / bundle.meta["std"]).reshape(-1, 1, 1)
+    return torch.from_numpy(np.asarray(bundle.train.x)), torch.from_numpy(np.asarray(bundle.test.x)), black
 
 
 def train_and_test(xtr: torch.Tensor, ytr: torch.Tensor, xte: torch.Tensor, yte: torch.Tensor, seed: int,
