@@ -79,14 +79,17 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     saved = json.loads(OUT.read_text()) if OUT.exists() else {}
+    test_sets: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # by data root: runs on one copy decode it once
     for spec in args.runs:
         folder, entry = spec.split(":", 1)
         run = Path(folder)
         cfg = OmegaConf.load(run / "config.yaml")
-        with tempfile.TemporaryDirectory() as cache:
-            bundle = load_image_folder(Path(cfg.data.root), {}, Path(cache), 10)
-        normalize_images(bundle)
-        x, y = torch.from_numpy(np.asarray(bundle.test.x)), torch.from_numpy(bundle.test.y)
+        if cfg.data.root not in test_sets:
+            with tempfile.TemporaryDirectory() as cache:
+                bundle = load_image_folder(Path(cfg.data.root), {}, Path(cache), 10)
+            normalize_images(bundle)
+            test_sets[cfg.data.root] = torch.from_numpy(np.asarray(bundle.test.x)), torch.from_numpy(bundle.test.y)
+        x, y = test_sets[cfg.data.root]
         result = ensemble_accuracies(client_logits(run, entry, x, cfg.model.name), y)
         summary = json.loads((run / "summary.json").read_text())
         result["summary_new_test_accuracy"] = round(100 * summary["new_test_accuracy"], 2)
