@@ -38,7 +38,8 @@ PAPER_ROWS = [  # dataset, method, FedAvg-phase rounds, LG rounds, printed param
     ("CIFAR-10", "MTL", 1400, 0, 17.95e9),
     ("CIFAR-10", "LG-FedAvg", 1200, 60, 8.48e9),
 ]
-CELLS = {"fedavg": ("FedAvg", 5.05e10), "mtl": ("MTL", 5.07e10), "lg_fedavg": ("LG-FedAvg", 2.80e10)}
+CELLS = {"fedavg": ("FedAvg", 5.05e10), "fedavg_lr01": ("FedAvg", 5.05e10), "mtl": ("MTL", 5.07e10),
+         "lg_fedavg": ("LG-FedAvg", 2.80e10), "lg_fedavg_w400": ("LG-FedAvg", 2.80e10)}
 
 
 def vectors_per_round(dataset: str, fed_rounds: int, lg_rounds: int, printed: float) -> float:
