@@ -30,6 +30,11 @@ Run (about 15 CPU-seconds an epoch on one thread):
     python docs/reproduction/evidence/cifar10_jpeg_quality.py --psnr --qualities 90 75 50 25 10
     python docs/reproduction/evidence/cifar10_jpeg_quality.py --write-tar 50 /tmp/cifar10-q50.tar
     flrep run lg_cifar10 algorithm=local_only local_only.clients=all rounds=100 data.root=/tmp/cifar10-q50.tar
+    python docs/reproduction/evidence/cifar10_jpeg_quality.py --write-tar chroma4 /tmp/cifar10-chroma4.tar
+
+The copy's JPEG also stores colour at half resolution (4:2:0), which re-encoding keeps as it
+is; ``chroma4`` halves it once more (a quarter of the resolution), losslessly stored, to measure
+what colour resolution costs.
 
 Adds its runs to ``cifar10_jpeg_quality.json`` next to itself and prints them.
 """
@@ -48,7 +53,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch.nn import functional as F
-from torchvision.io import decode_jpeg, encode_jpeg
+from torchvision.io import decode_jpeg, encode_jpeg, encode_png
 
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO))
@@ -71,17 +76,42 @@ def reencode(raw: np.ndarray, quality: int) -> np.ndarray:
     return out
 
 
-def write_tar(bundle, quality: int, path: Path) -> None:
-    """The copy re-encoded at ``quality`` as an image-folder tar (``train|test/<class>/<n>.jpg``),
-    for a federated run on it (``data.root=<path>``)."""
+def quarter_chroma(raw: np.ndarray) -> np.ndarray:
+    """uint8 (N, 3, H, W) images with their colour (JPEG's Cb and Cr) at a quarter of the image's
+    resolution in each direction, where the shipped copy's 4:2:0 JPEG keeps half: 4x4 block means,
+    upsampled bilinearly; brightness (Y) untouched."""
+    rgb = torch.from_numpy(raw).double()
+    r, g, b = rgb.unbind(1)
+    y = 0.299 * r + 0.587 * g + 0.114 * b
+    chroma = torch.stack([-0.168736 * r - 0.331264 * g + 0.5 * b, 0.5 * r - 0.418688 * g - 0.081312 * b], 1)
+    cb, cr = F.interpolate(F.avg_pool2d(chroma, 4), size=raw.shape[2:], mode="bilinear").unbind(1)
+    out = torch.stack([y + 1.402 * cr, y - 0.344136 * cb - 0.714136 * cr, y + 1.772 * cb], 1)
+    return out.round().clamp(0, 255).to(torch.uint8).numpy()
+
+
+def degrade(raw: np.ndarray, variant: str) -> np.ndarray:
+    """The images for one variant: ``none`` as shipped, ``chroma4`` ``quarter_chroma``, else the
+    JPEG quality to re-encode at."""
+    if variant == "none":
+        return raw
+    return quarter_chroma(raw) if variant == "chroma4" else reencode(raw, int(variant))
+
+
+def write_tar(bundle, variant: str, path: Path) -> None:
+    """The copy's ``variant`` as an image-folder tar (``train|test/<class>/<n>.jpg``, or ``.png``,
+    lossless, for ``chroma4``), for a federated run on it (``data.root=<path>``)."""
     names = bundle.meta["class_names"]
     with tarfile.open(path, "w") as tar:
         for split, data in (("train", bundle.train), ("test", bundle.test)):
-            for i, (img, label) in enumerate(zip(torch.from_numpy(np.ascontiguousarray(data.x.raw)), data.y)):
-                jpg = encode_jpeg(img, quality=quality).numpy().tobytes()
-                info = tarfile.TarInfo(f"{split}/{names[label]}/{i:05d}.jpg")
-                info.size = len(jpg)
-                tar.addfile(info, io.BytesIO(jpg))
+            images = quarter_chroma(data.x.raw) if variant == "chroma4" else data.x.raw
+            for i, (img, label) in enumerate(zip(torch.from_numpy(np.ascontiguousarray(images)), data.y)):
+                if variant == "chroma4":
+                    blob, ext = encode_png(img).numpy().tobytes(), "png"
+                else:
+                    blob, ext = encode_jpeg(img, quality=int(variant)).numpy().tobytes(), "jpg"
+                info = tarfile.TarInfo(f"{split}/{names[label]}/{i:05d}.{ext}")
+                info.size = len(blob)
+                tar.addfile(info, io.BytesIO(blob))
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
@@ -130,13 +160,14 @@ def train_and_test(xtr: torch.Tensor, ytr: torch.Tensor, xte: torch.Tensor, yte:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--qualities", nargs="+", default=["none", "50", "25", "10"],
-                        help="re-encoding qualities; none = the copy as shipped (quality 75)")
+                        help="re-encoding qualities; none = the copy as shipped (quality 75); "
+                             "chroma4 = its colour at a quarter resolution (quarter_chroma)")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--lr-drop", type=int, default=None,
                         help="after this many epochs the rate drops from 0.1 to 0.01 (default: never)")
     parser.add_argument("--write-tar", nargs=2, metavar=("QUALITY", "PATH"),
-                        help="instead of training: write the copy re-encoded at QUALITY to the tar PATH")
+                        help="instead of training: write the copy's variant QUALITY (as --qualities) to the tar PATH")
     parser.add_argument("--psnr", action="store_true",
                         help="instead of training: each quality's PSNR against the copy as shipped")
     parser.add_argument("--padding", choices=["mean", "black"], default="mean",
@@ -147,22 +178,20 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as cache:
         shipped = load_image_folder(data_home() / TAR, {}, Path(cache), 10)
     if args.write_tar:
-        write_tar(shipped, int(args.write_tar[0]), Path(args.write_tar[1]))
+        write_tar(shipped, args.write_tar[0], Path(args.write_tar[1]))
         return
     if args.psnr:
         saved = json.loads(OUT.read_text()) if OUT.exists() else {"runs": {}}
         raw = shipped.test.x.raw
-        saved["test_psnr_db_vs_shipped"] = {q: psnr(raw, reencode(raw, int(q))) for q in args.qualities if q != "none"}
+        saved["test_psnr_db_vs_shipped"] = {q: psnr(raw, degrade(raw, q)) for q in args.qualities if q != "none"}
         OUT.write_text(json.dumps(saved, indent=1) + "\n")
         print(saved["test_psnr_db_vs_shipped"])
         return
     ytr, yte = torch.from_numpy(shipped.train.y), torch.from_numpy(shipped.test.y)
     results = json.loads(OUT.read_text())["runs"] if OUT.exists() else {}
     for q in args.qualities:
-        quality = None if q == "none" else int(q)
-        train_raw, test_raw = shipped.train.x.raw, shipped.test.x.raw
-        if quality is not None:
-            train_raw, test_raw = reencode(train_raw, quality), reencode(test_raw, quality)
+        quality = None if q in ("none", "chroma4") else int(q)
+        train_raw, test_raw = degrade(shipped.train.x.raw, q), degrade(shipped.test.x.raw, q)
         xtr, xte, black = normalised(train_raw, test_raw)
         pad = black if args.padding == "black" else torch.zeros_like(black)
         for seed in args.seeds:
