@@ -101,14 +101,13 @@ def write_tar(bundle, variant: str, path: Path) -> None:
     """The copy's ``variant`` as an image-folder tar (``train|test/<class>/<n>.jpg``, or ``.png``,
     lossless, for ``chroma4``), for a federated run on it (``data.root=<path>``)."""
     names = bundle.meta["class_names"]
+    lossless = variant == "chroma4"
+    ext = "png" if lossless else "jpg"
     with tarfile.open(path, "w") as tar:
         for split, data in (("train", bundle.train), ("test", bundle.test)):
-            images = quarter_chroma(data.x.raw) if variant == "chroma4" else data.x.raw
+            images = quarter_chroma(data.x.raw) if lossless else data.x.raw
             for i, (img, label) in enumerate(zip(torch.from_numpy(np.ascontiguousarray(images)), data.y)):
-                if variant == "chroma4":
-                    blob, ext = encode_png(img).numpy().tobytes(), "png"
-                else:
-                    blob, ext = encode_jpeg(img, quality=int(variant)).numpy().tobytes(), "jpg"
+                blob = (encode_png(img) if lossless else encode_jpeg(img, quality=int(variant))).numpy().tobytes()
                 info = tarfile.TarInfo(f"{split}/{names[label]}/{i:05d}.{ext}")
                 info.size = len(blob)
                 tar.addfile(info, io.BytesIO(blob))
