@@ -1,42 +1,86 @@
-"""Evidence: the official LG-FedAvg FedAvg against our fedavg_nodecay cell, round by round.
+"""Evidence: the official LG-FedAvg FedAvg against our FedAvg cells, round by round.
 
-Reads the official main_fed.py's results.csv (from lg_official_fedavg.sh; committed as
-lg_official_fedavg_run1.csv) and our three committed fedavg_nodecay runs' metrics.jsonl, and
-prints each one's best test accuracy so far every 200 rounds and the mean over the last 200 rounds
-both reached. Usage: python lg_official_fedavg.py [RESULTS_CSV]
+Reads three groups of runs' test accuracy every round: the official main_fed.py's results.csv
+files (lg_official_fedavg.sh; committed as lg_official_fedavg_run*.csv), one of our
+lg_table1_cifar10 FedAvg cells (its committed metrics.jsonl, every seed present), and our
+FedAvg with the official input pipeline (lg_official_pipeline.sh; committed as
+lg_official_pipeline_seed*.csv, the same columns as the official file). Prints, every 200 rounds,
+each run's best test accuracy so far and its mean over those 200 rounds, then each run's best.
+
+    python lg_official_fedavg.py [--cell CELL]
+    python lg_official_fedavg.py --write-csv RUN_DIR CSV   # a run's metrics.jsonl as an official-style CSV
 """
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
-import sys
 from pathlib import Path
+from statistics import mean
 
 HERE = Path(__file__).resolve().parent
-RUNS = HERE.parent / "lg_table1_cifar10" / "runs" / "fedavg_nodecay"
+RUNS = HERE.parent / "lg_table1_cifar10" / "runs"
 
 
-def best_so_far(acc: dict[int, float], rounds: int) -> float:
-    """The best accuracy over rounds 1..``rounds``."""
-    return max(v for r, v in acc.items() if r <= rounds)
+def csv_run(path: Path) -> dict[int, float]:
+    """Round (1-based) -> test accuracy (%) of an official-style results.csv."""
+    return {int(float(row["epoch"])) + 1: float(row["acc_test"]) for row in csv.DictReader(path.open())}
+
+
+def jsonl_run(path: Path) -> dict[int, float]:
+    """Round -> global test accuracy (%) of one of our runs' metrics.jsonl."""
+    return {d["round"]: 100 * d["global_accuracy"] for d in map(json.loads, path.open()) if d.get("phase") == "eval"}
+
+
+def write_csv(run_dir: Path, out: Path) -> None:
+    """Our run's test accuracy every round in the official results.csv's columns (epoch 0-based)."""
+    acc = jsonl_run(run_dir / "metrics.jsonl")
+    with out.open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["epoch", "acc_test"])
+        writer.writerows([r - 1, f"{a:.2f}"] for r, a in sorted(acc.items()))
+
+
+def best_so_far(acc: dict[int, float], rounds: int) -> float | None:
+    """The best accuracy over rounds 1..``rounds``, or None if the run stopped before."""
+    return max(v for r, v in acc.items() if r <= rounds) if max(acc) >= rounds else None
+
+
+def window_mean(acc: dict[int, float], first: int, last: int) -> float | None:
+    """The mean accuracy over rounds ``first``..``last``, or None if the run stopped before ``last``."""
+    return mean(acc[r] for r in range(first, last + 1)) if max(acc) >= last else None
+
+
+def fmt(values: list[float | None]) -> str:
+    return ", ".join("–" if v is None else f"{v:.2f}" for v in values)
 
 
 def main() -> None:
-    results = Path(sys.argv[1]) if len(sys.argv) > 1 else HERE / "lg_official_fedavg_run1.csv"
-    official = {int(float(row["epoch"])) + 1: float(row["acc_test"]) for row in csv.DictReader(results.open())}
-    ours = [{d["round"]: 100 * d["global_accuracy"] for d in map(json.loads, (RUNS / f"seed{s}" / "metrics.jsonl").open())
-             if d.get("phase") == "eval"} for s in range(3)]
-    last = max(official)
-    print("| rounds | official, best so far | ours, seeds 0, 1, 2 | ours, mean |")
-    print("|---|---|---|---|")
-    for cut in [*range(200, last + 1, 200), *([last] if last % 200 else [])]:
-        b = [best_so_far(run, cut) for run in ours]
-        print(f"| {cut} | {best_so_far(official, cut):.2f} | {', '.join(f'{x:.2f}' for x in b)} | {sum(b) / 3:.2f} |")
-    first = max(1, last - 199)
-    means = [sum(acc[r] for r in range(first, last + 1)) / (last - first + 1) for acc in (official, *ours)]
-    print(f"\nmean test accuracy over rounds {first}-{last}: official {means[0]:.2f}; "
-          f"ours {', '.join(f'{m:.2f}' for m in means[1:])}")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cell", default="fedavg_2000", help="our lg_table1_cifar10 cell (default fedavg_2000)")
+    parser.add_argument("--write-csv", nargs=2, type=Path, metavar=("RUN_DIR", "CSV"))
+    args = parser.parse_args()
+    if args.write_csv:
+        write_csv(*args.write_csv)
+        return
+    groups = {
+        "official": [csv_run(p) for p in sorted(HERE.glob("lg_official_fedavg_run*.csv"))],
+        f"ours ({args.cell})": [jsonl_run(p) for p in sorted((RUNS / args.cell).glob("seed*/metrics.jsonl"))],
+        "ours, official input pipeline": [csv_run(p) for p in sorted(HERE.glob("lg_official_pipeline_seed*.csv"))],
+    }
+    groups = {name: runs for name, runs in groups.items() if runs}
+    last = max(max(run) for runs in groups.values() for run in runs)
+    print("| rounds | " + " | ".join(f"{name}, best so far" for name in groups) + " | "
+          + " | ".join(f"{name}, mean of the 200 rounds" for name in groups) + " |")
+    print("|---" * (1 + 2 * len(groups)) + "|")
+    for cut in range(200, last + 1, 200):
+        best = [fmt([best_so_far(run, cut) for run in runs]) for runs in groups.values()]
+        means = [fmt([window_mean(run, cut - 199, cut) for run in runs]) for runs in groups.values()]
+        print(f"| {cut} | " + " | ".join(best + means) + " |")
+    for name, runs in groups.items():
+        print(f"\n{name}, best over each whole run: {fmt([max(run.values()) for run in runs])} "
+              f"(rounds {', '.join(str(max(run)) for run in runs)})")
 
 
 if __name__ == "__main__":
