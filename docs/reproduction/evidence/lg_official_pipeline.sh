@@ -7,7 +7,7 @@
 # The official utils/train_utils.py pads crops with black pixels (torchvision's RandomCrop before
 # Normalize) and normalises with ImageNet's mean/std; this repo pads with the mean colour (zeros
 # after normalising) and normalises with the train split's mean/std. The script checks out this
-# repo's HEAD into $SCRATCH (default /tmp/lg-official-pipeline), changes those two things there
+# repo's HEAD into $SCRATCH (default /tmp/lg-official-pipeline; once: delete $SCRATCH/code to refresh it), changes those two things there
 # only (normalize_images: ImageNet statistics; crop_flip: black padding) and runs the cell's
 # command from that copy (PYTHONPATH, so the Ray workers import it too), with its own data cache
 # (the partition cache is keyed by the config, not by the code). Output: $SCRATCH/run-seedSEED.
