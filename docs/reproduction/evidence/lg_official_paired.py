@@ -1,0 +1,71 @@
+"""Evidence: our split and client draws for the official LG-FedAvg main_fed.py (lg_official_paired.sh).
+
+Writes a JSON file that a patched copy of the official main_fed.py reads instead of drawing its
+own: ``dict_users_train`` (each client's training indices, in the official CIFAR pickles' order)
+and ``clients`` (the clients of every round), both taken from one committed run of ours. The
+pickles (../shared/bench/cifar_jpeg_to_pickles.py) hold the copy's images in a fixed random order
+and name each image ``<class>_<file>``; our training set is the same images sorted by class and
+file. The mapping is checked image by image on the names and the labels.
+
+    python lg_official_paired.py RUN_DIR PICKLE_DIR OUT_JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pickle
+from pathlib import Path
+
+import numpy as np
+from omegaconf import OmegaConf
+
+from task.data.datasets.image_folder import _collect_image_entries, find_image_folder
+from task.data.federated_data import build_federated_data
+
+
+def pickle_order(pickle_dir: Path) -> tuple[list[str], np.ndarray]:
+    """The official training set's image names and labels, in the pickles' order."""
+    names: list[str] = []
+    labels: list[int] = []
+    for b in range(1, 6):
+        with (pickle_dir / f"data_batch_{b}").open("rb") as fh:
+            batch = pickle.load(fh, encoding="latin1")
+        names += [n.decode() if isinstance(n, bytes) else n for n in batch["filenames"]]
+        labels += batch["labels"]
+    return names, np.asarray(labels)
+
+
+def our_to_official(data_cfg, our_labels: np.ndarray, pickle_dir: Path) -> np.ndarray:
+    """Position in the official pickles of each of our training images (checked by name and label)."""
+    entries, _ = _collect_image_entries(find_image_folder(Path(str(data_cfg.root))))
+    ours = [f"{cls}_{Path(name).name}" for split, cls, name in entries if split == "train"]
+    names, labels = pickle_order(pickle_dir)
+    position = {n: j for j, n in enumerate(names)}
+    if len(position) != len(names) or sorted(position) != sorted(ours):
+        raise SystemExit(f"{pickle_dir}: its image names are not our training set's")
+    mapping = np.array([position[n] for n in ours])
+    if not np.array_equal(labels[mapping], our_labels):
+        raise SystemExit(f"{pickle_dir}: labels differ from ours on the same images")
+    return mapping
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_dir", type=Path, help="one of our FedAvg runs (config.yaml, metrics.jsonl)")
+    parser.add_argument("pickle_dir", type=Path, help="the official code's cifar-10-batches-py")
+    parser.add_argument("out", type=Path)
+    args = parser.parse_args()
+    cfg = OmegaConf.load(args.run_dir / "config.yaml")
+    fed = build_federated_data(cfg.data, int(cfg.seed))
+    mapping = our_to_official(cfg.data, np.asarray(fed.bundle.train.y), args.pickle_dir)
+    rounds = [d["clients"] for d in map(json.loads, (args.run_dir / "metrics.jsonl").open())
+              if d.get("phase") == "train"]
+    out = {"run": str(args.run_dir), "seed": int(cfg.seed),
+           "dict_users_train": [mapping[idx].tolist() for idx in fed.client_train], "clients": rounds}
+    args.out.write_text(json.dumps(out))
+    print(f"{args.out}: {len(out['dict_users_train'])} clients, {len(rounds)} rounds of clients")
+
+
+if __name__ == "__main__":
+    main()
