@@ -1,11 +1,13 @@
 """Evidence: the official LG-FedAvg FedAvg against our FedAvg cells, round by round.
 
-Reads three groups of runs' test accuracy every round: the official main_fed.py's results.csv
+Reads four groups of runs' test accuracy every round: the official main_fed.py's results.csv
 files (lg_official_fedavg.sh; committed as lg_official_fedavg_run*.csv), one of our
-lg_table1_cifar10 FedAvg cells (its committed metrics.jsonl, every seed present), and our
-FedAvg with the official input pipeline (lg_official_pipeline.sh; committed as
-lg_official_pipeline_seed*.csv, the same columns as the official file). Prints, every 200 rounds,
-each run's best test accuracy so far and its mean over those 200 rounds, then each run's best.
+lg_table1_cifar10 FedAvg cells (its committed metrics.jsonl, every seed present), our FedAvg
+with the official input pipeline (lg_official_pipeline.sh; lg_official_pipeline_seed*.csv, the
+same columns as the official file), and the official code on our split and client draws
+(lg_official_paired.sh; lg_official_paired_seed*.csv). Prints, every 200 rounds, each run's best
+test accuracy so far and its mean over those 200 rounds, then each run's best, then the two
+paired groups minus fedavg_nodecay of the same seed.
 
     python lg_official_fedavg.py [--cell CELL]
     python lg_official_fedavg.py --write-csv RUN_DIR CSV   # a run's metrics.jsonl as an official-style CSV
@@ -52,6 +54,20 @@ def window_mean(acc: dict[int, float], first: int, last: int) -> float | None:
     return mean(acc[r] for r in range(first, last + 1)) if max(acc) >= last else None
 
 
+def paired_differences(name: str, pattern: str) -> None:
+    """Print, seed by seed, a paired group's runs minus fedavg_nodecay of the same seed."""
+    for path in sorted(HERE.glob(pattern)):
+        seed = path.stem.rsplit("seed", 1)[1]
+        other, ours = csv_run(path), jsonl_run(RUNS / "fedavg_nodecay" / f"seed{seed}" / "metrics.jsonl")
+        last = min(max(other), max(ours))
+        windows = [(1, 200), (1001, last)] if last > 1000 else [(1, min(200, last))]
+        diffs = [best_so_far(other, last) - best_so_far(ours, last)]
+        diffs += [window_mean(other, a, b) - window_mean(ours, a, b) for a, b in windows]
+        print(f"{name} minus fedavg_nodecay, seed {seed}, {last} rounds: best, "
+              + ", ".join(f"mean of rounds {a}-{b}" for a, b in windows)
+              + f": {', '.join(f'{d:+.2f}' for d in diffs)}")
+
+
 def fmt(values: list[float | None]) -> str:
     return ", ".join("–" if v is None else f"{v:.2f}" for v in values)
 
@@ -68,6 +84,7 @@ def main() -> None:
         "official": [csv_run(p) for p in sorted(HERE.glob("lg_official_fedavg_run*.csv"))],
         f"ours ({args.cell})": [jsonl_run(p) for p in sorted((RUNS / args.cell).glob("seed*/metrics.jsonl"))],
         "ours, official input pipeline": [csv_run(p) for p in sorted(HERE.glob("lg_official_pipeline_seed*.csv"))],
+        "official, our split and clients": [csv_run(p) for p in sorted(HERE.glob("lg_official_paired_seed*.csv"))],
     }
     groups = {name: runs for name, runs in groups.items() if runs}
     last = max(max(run) for runs in groups.values() for run in runs)
@@ -81,6 +98,9 @@ def main() -> None:
     for name, runs in groups.items():
         print(f"\n{name}, best over each whole run: {fmt([max(run.values()) for run in runs])} "
               f"(rounds {', '.join(str(max(run)) for run in runs)})")
+    print()
+    paired_differences("ours, official input pipeline", "lg_official_pipeline_seed*.csv")
+    paired_differences("official, our split and clients", "lg_official_paired_seed*.csv")
 
 
 if __name__ == "__main__":
