@@ -1,0 +1,93 @@
+"""Evidence: the official FedRep code's Per-FedAvg path against our perfedavg_officialpath cells.
+
+Reads the official main_fedrep.py --alg maml runs (fedrep_official_maml.sh; committed as
+fedrep_official_maml_<S>shards_ep<E>*.csv: the mean local test accuracy of every round, and the
+'Final Round' line as round 'final') and the fedrep_table1_cifar10 cell of the same setting
+(every committed seed). Prints, for each, the two numbers the official script prints ('Average
+accuracy final 10 rounds' and 'Final Round'), ours beside them, and both every 10 rounds.
+
+    python fedrep_official_maml.py
+    python fedrep_official_maml.py --write-csv LOG CSV   # an official log as such a CSV
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import re
+from pathlib import Path
+from statistics import mean
+
+HERE = Path(__file__).resolve().parent
+RUNS = HERE.parent / "fedrep_table1_cifar10" / "runs"
+#: (shards, local epochs) -> our cell of that setting.
+CELLS = {(2, 1): "perfedavg_officialpath_ft_100x2", (5, 1): "perfedavg_officialpath_ft_100x5",
+         (5, 5): "perfedavg_officialpath_ft_ep5_100x5"}
+ROUND = re.compile(r"^Round +(\d+), Train loss: \S+, Test loss: \S+, Test accuracy: (\S+)")
+FINAL = re.compile(r"^Final Round, Train loss: \S+, Test loss: \S+, Test accuracy: (\S+)")
+
+
+def write_csv(log: Path, out: Path) -> None:
+    """The official log's per-round accuracy (rounds 1-based) and its final round, as a CSV."""
+    rows = []
+    for line in log.open():
+        if m := ROUND.match(line):
+            rows.append([int(m.group(1)) + 1, m.group(2)])
+        elif m := FINAL.match(line):
+            rows.append(["final", m.group(1)])
+    with out.open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["round", "acc_test"])
+        writer.writerows(rows)
+
+
+def official(path: Path) -> tuple[dict[int, float], float | None]:
+    """Round -> accuracy and the final round's accuracy of a committed official CSV."""
+    rows = list(csv.DictReader(path.open()))
+    final = [float(r["acc_test"]) for r in rows if r["round"] == "final"]
+    return {int(r["round"]): float(r["acc_test"]) for r in rows if r["round"] != "final"}, (final or [None])[0]
+
+
+def ours(cell: str) -> list[tuple[str, dict[int, float], float, float | None]]:
+    """(seed, round -> accuracy, final-10-rounds mean, after the final round) of each committed seed."""
+    out = []
+    for summary in sorted((RUNS / cell).glob("seed*/summary.json")):
+        s = json.loads(summary.read_text())
+        metrics = summary.with_name("metrics.jsonl")
+        curve = {d["round"]: 100 * d["personalized_accuracy"] for d in map(json.loads, metrics.open())
+                 if d.get("phase") == "eval"} if metrics.exists() else {}
+        after = s.get("finetune_accuracy_after")
+        out.append((summary.parent.name, curve, 100 * s["personalized_accuracy"], None if after is None else 100 * after))
+    return out
+
+
+def fmt(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--write-csv", nargs=2, type=Path, metavar=("LOG", "CSV"))
+    args = parser.parse_args()
+    if args.write_csv:
+        write_csv(*args.write_csv)
+        return
+    for path in sorted(HERE.glob("fedrep_official_maml_*shards_ep*.csv")):
+        shards, epochs = map(int, re.search(r"_(\d+)shards_ep(\d+)", path.name).groups())
+        cell = CELLS[(shards, epochs)]
+        curve, final = official(path)
+        last10 = mean(curve[r] for r in range(max(curve) - 9, max(curve) + 1))
+        seeds = ours(cell)
+        print(f"\n{path.name} ({shards} classes a client, {epochs} local epochs) and {cell}")
+        print(f"official: final 10 rounds {last10:.2f}, Final Round {fmt(final)}")
+        for seed, _, acc, after in seeds:
+            print(f"ours {seed}: final 10 rounds {acc:.2f}, after the final round {fmt(after)}")
+        print("| round | official | " + " | ".join(f"ours {seed}" for seed, *_ in seeds) + " |")
+        print("|---" * (2 + len(seeds)) + "|")
+        for r in range(10, max(curve) + 1, 10):
+            print(f"| {r} | {curve[r]:.2f} | " + " | ".join(fmt(c.get(r)) for _, c, *_ in seeds) + " |")
+
+
+if __name__ == "__main__":
+    main()
