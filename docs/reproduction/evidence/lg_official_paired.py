@@ -2,12 +2,13 @@
 
 Writes a JSON file that a patched copy of the official main_fed.py reads instead of drawing its
 own: ``dict_users_train`` (each client's training indices, in the official CIFAR pickles' order)
-and ``clients`` (the clients of every round), both taken from one committed run of ours. The
+and ``clients`` (the clients of every round), both taken from one committed run of ours; with
+``--init PT`` also that run's initial weights under the official CNNCifar's names. The
 pickles (../shared/bench/cifar_jpeg_to_pickles.py) hold the copy's images in a fixed random order
 and name each image ``<class>_<file>``; our training set is the same images sorted by class and
 file. The mapping is checked image by image on the names and the labels.
 
-    python lg_official_paired.py RUN_DIR PICKLE_DIR OUT_JSON
+    python lg_official_paired.py RUN_DIR PICKLE_DIR OUT_JSON [--init PT]
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ import pickle
 from pathlib import Path
 
 import numpy as np
+import torch
 from omegaconf import OmegaConf
 
+from flower_app.run.config import initial_model
 from task.data.datasets.image_folder import _collect_image_entries, find_image_folder
 from task.data.federated_data import build_federated_data
 
@@ -50,11 +53,21 @@ def our_to_official(data_cfg, our_labels: np.ndarray, pickle_dir: Path) -> np.nd
     return mapping
 
 
+def official_init(cfg, bundle) -> dict[str, torch.Tensor]:
+    """Our run's initial weights under the official CNNCifar's names (same order, shapes checked)."""
+    ours = initial_model(cfg, bundle).state_dict()
+    names = [f"{layer}.{kind}" for layer in ("conv1", "conv2", "fc1", "fc2", "fc3") for kind in ("weight", "bias")]
+    if len(ours) != len(names):
+        raise SystemExit(f"our model has {len(ours)} tensors, the official CNNCifar {len(names)}")
+    return {name: tensor.clone() for name, tensor in zip(names, ours.values())}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", type=Path, help="one of our FedAvg runs (config.yaml, metrics.jsonl)")
     parser.add_argument("pickle_dir", type=Path, help="the official code's cifar-10-batches-py")
     parser.add_argument("out", type=Path)
+    parser.add_argument("--init", type=Path, help="also write the run's initial weights here (official names)")
     args = parser.parse_args()
     cfg = OmegaConf.load(args.run_dir / "config.yaml")
     fed = build_federated_data(cfg.data, int(cfg.seed))
@@ -64,6 +77,8 @@ def main() -> None:
     out = {"run": str(args.run_dir), "seed": int(cfg.seed),
            "dict_users_train": [mapping[idx].tolist() for idx in fed.client_train], "clients": rounds}
     args.out.write_text(json.dumps(out))
+    if args.init:
+        torch.save(official_init(cfg, fed.bundle), args.init)
     print(f"{args.out}: {len(out['dict_users_train'])} clients, {len(rounds)} rounds of clients")
 
 
