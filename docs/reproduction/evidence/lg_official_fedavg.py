@@ -4,10 +4,11 @@ Reads four groups of runs' test accuracy every round: the official main_fed.py's
 files (lg_official_fedavg.sh; committed as lg_official_fedavg_run*.csv), one of our
 lg_table1_cifar10 FedAvg cells (its committed metrics.jsonl, every seed present), our FedAvg
 with the official input pipeline (lg_official_pipeline.sh; lg_official_pipeline_seed*.csv, the
-same columns as the official file), and the official code on our split and client draws
-(lg_official_paired.sh; lg_official_paired_seed*.csv). Prints, every 200 rounds, each run's best
-test accuracy so far and its mean over those 200 rounds, then each run's best, then the two
-paired groups minus fedavg_nodecay of the same seed.
+same columns as the official file), the official code on our split and client draws
+(lg_official_paired.sh; lg_official_paired_seed*.csv) and, with INIT=ours, from our initial
+weights too (lg_official_ourinit_seed*.csv). Prints, every 200 rounds, each run's best test
+accuracy so far and its mean over those 200 rounds, then each run's best, then the paired groups
+minus fedavg_nodecay of the same seed.
 
     python lg_official_fedavg.py [--cell CELL]
     python lg_official_fedavg.py --write-csv RUN_DIR CSV   # a run's metrics.jsonl as an official-style CSV
@@ -85,6 +86,7 @@ def main() -> None:
         f"ours ({args.cell})": [jsonl_run(p) for p in sorted((RUNS / args.cell).glob("seed*/metrics.jsonl"))],
         "ours, official input pipeline": [csv_run(p) for p in sorted(HERE.glob("lg_official_pipeline_seed*.csv"))],
         "official, our split and clients": [csv_run(p) for p in sorted(HERE.glob("lg_official_paired_seed*.csv"))],
+        "official, also our initial weights": [csv_run(p) for p in sorted(HERE.glob("lg_official_ourinit_seed*.csv"))],
     }
     groups = {name: runs for name, runs in groups.items() if runs}
     last = max(max(run) for runs in groups.values() for run in runs)
@@ -101,6 +103,7 @@ def main() -> None:
     print()
     paired_differences("ours, official input pipeline", "lg_official_pipeline_seed*.csv")
     paired_differences("official, our split and clients", "lg_official_paired_seed*.csv")
+    paired_differences("official, also our initial weights", "lg_official_ourinit_seed*.csv")
 
 
 if __name__ == "__main__":
