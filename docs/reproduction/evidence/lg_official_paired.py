@@ -2,8 +2,10 @@
 
 Writes a JSON file that a patched copy of the official main_fed.py reads instead of drawing its
 own: ``dict_users_train`` (each client's training indices, in the official CIFAR pickles' order)
-and ``clients`` (the clients of every round), both taken from one committed run of ours; with
-``--init PT`` also that run's initial weights under the official CNNCifar's names. The
+and ``clients`` (the clients of every round), both those of one committed run of ours (rebuilt
+from its config.yaml with the app's own split and sampling; checked against its metrics.jsonl
+where the run folder still has it); with ``--init PT`` also that run's initial weights under the
+official CNNCifar's names. The
 pickles (../shared/bench/cifar_jpeg_to_pickles.py) hold the copy's images in a fixed random order
 and name each image ``<class>_<file>``; our training set is the same images sorted by class and
 file. The mapping is checked image by image on the names and the labels.
@@ -22,9 +24,10 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from flower_app.run.config import initial_model
+from flower_app.run.config import clients_per_round, initial_model
 from task.data.datasets.image_folder import _collect_image_entries, find_image_folder
 from task.data.federated_data import build_federated_data
+from task.data.sampling import sample_clients
 
 
 def pickle_order(pickle_dir: Path) -> tuple[list[str], np.ndarray]:
@@ -62,6 +65,22 @@ def official_init(cfg, bundle) -> dict[str, torch.Tensor]:
     return {name: tensor.clone() for name, tensor in zip(names, ours.values())}
 
 
+def run_clients(cfg, fed, run_dir: Path) -> list[list[int]]:
+    """The clients of each of the run's rounds, as its server drew them; checked against the run's
+    metrics.jsonl when the folder has it (it is not committed)."""
+    if fed.new_clients or fed.online_device is not None:
+        raise SystemExit(f"{run_dir}: the run holds clients out; expected a plain FedAvg run")
+    seed, per_round = int(cfg.seed), clients_per_round(cfg)
+    rounds = [sample_clients(range(fed.num_clients), per_round, seed, t) for t in range(1, int(cfg.rounds) + 1)]
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.exists():
+        logged = [d["clients"] for d in map(json.loads, metrics.open()) if d.get("phase") == "train"]
+        if logged != rounds[:len(logged)]:
+            raise SystemExit(f"{metrics}: the logged clients differ from the seed's draws")
+        print(f"{metrics}: the clients of its {len(logged)} rounds match the seed's draws")
+    return rounds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", type=Path, help="one of our FedAvg runs (config.yaml, metrics.jsonl)")
@@ -72,8 +91,7 @@ def main() -> None:
     cfg = OmegaConf.load(args.run_dir / "config.yaml")
     fed = build_federated_data(cfg.data, int(cfg.seed))
     mapping = our_to_official(cfg.data, np.asarray(fed.bundle.train.y), args.pickle_dir)
-    rounds = [d["clients"] for d in map(json.loads, (args.run_dir / "metrics.jsonl").open())
-              if d.get("phase") == "train"]
+    rounds = run_clients(cfg, fed, args.run_dir)
     out = {"run": str(args.run_dir), "seed": int(cfg.seed),
            "dict_users_train": [mapping[idx].tolist() for idx in fed.client_train], "clients": rounds}
     args.out.write_text(json.dumps(out))

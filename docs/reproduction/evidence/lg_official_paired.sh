@@ -30,7 +30,7 @@ esac
 [ -f "$s/code/main_fed.py" ] && [ -f "$s/cifar-10-batches-py/test_batch" ] ||
   { echo "$s: run lg_official_fedavg.sh first (the official code and the CIFAR pickles)" >&2; exit 2; }
 run_dir="$repo/docs/reproduction/lg_table1_cifar10/runs/fedavg_nodecay/seed$seed"
-[ -f "$run_dir/metrics.jsonl" ] || { echo "$run_dir: no committed fedavg_nodecay run of seed $seed" >&2; exit 2; }
+[ -f "$run_dir/config.yaml" ] || { echo "$run_dir: no committed fedavg_nodecay run of seed $seed" >&2; exit 2; }
 (cd "$repo" && PYTHONPATH="$repo" "$py" "$here/lg_official_paired.py" "$run_dir" "$s/cifar-10-batches-py" "$s/paired-seed$seed.json" "${init_args[@]}")
 "$py" - "$s/code" <<'PY'
 import sys
