@@ -2,7 +2,8 @@
 
 Reads four groups of runs' test accuracy every round: the official main_fed.py's results.csv
 files (lg_official_fedavg.sh; committed as lg_official_fedavg_run*.csv), one of our
-lg_table1_cifar10 FedAvg cells (its committed metrics.jsonl, every seed present), our FedAvg
+lg_table1_cifar10 FedAvg cells (lg_ours_CELL_seed*.csv: its runs' metrics.jsonl, which git leaves
+on the machine that ran them, written out with --write-csv), our FedAvg
 with the official input pipeline (lg_official_pipeline.sh; lg_official_pipeline_seed*.csv, the
 same columns as the official file), the official code on our split and client draws
 (lg_official_paired.sh; lg_official_paired_seed*.csv) and, with INIT=ours, from our initial
@@ -12,6 +13,7 @@ minus fedavg_nodecay of the same seed.
 
     python lg_official_fedavg.py [--cell CELL]
     python lg_official_fedavg.py --write-csv RUN_DIR CSV   # a run's metrics.jsonl as an official-style CSV
+    python lg_official_fedavg.py --write-ours CELL         # every seed of one of our cells: lg_ours_CELL_seed*.csv
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ def paired_differences(name: str, pattern: str) -> None:
     """Print, seed by seed, a paired group's runs minus fedavg_nodecay of the same seed."""
     for path in sorted(HERE.glob(pattern)):
         seed = path.stem.rsplit("seed", 1)[1]
-        other, ours = csv_run(path), jsonl_run(RUNS / "fedavg_nodecay" / f"seed{seed}" / "metrics.jsonl")
+        other, ours = csv_run(path), csv_run(HERE / f"lg_ours_fedavg_nodecay_seed{seed}.csv")
         last = min(max(other), max(ours))
         windows = [(1, 200), (1001, last)] if last > 1000 else [(1, min(200, last))]
         diffs = [best_so_far(other, last) - best_so_far(ours, last)]
@@ -77,13 +79,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cell", default="fedavg_2000", help="our lg_table1_cifar10 cell (default fedavg_2000)")
     parser.add_argument("--write-csv", nargs=2, type=Path, metavar=("RUN_DIR", "CSV"))
+    parser.add_argument("--write-ours", metavar="CELL", help="write lg_ours_CELL_seed*.csv from the cell's runs")
     args = parser.parse_args()
     if args.write_csv:
         write_csv(*args.write_csv)
         return
+    if args.write_ours:
+        for metrics in sorted((RUNS / args.write_ours).glob("seed*/metrics.jsonl")):
+            write_csv(metrics.parent, HERE / f"lg_ours_{args.write_ours}_{metrics.parent.name}.csv")
+        return
     groups = {
         "official": [csv_run(p) for p in sorted(HERE.glob("lg_official_fedavg_run*.csv"))],
-        f"ours ({args.cell})": [jsonl_run(p) for p in sorted((RUNS / args.cell).glob("seed*/metrics.jsonl"))],
+        f"ours ({args.cell})": [csv_run(p) for p in sorted(HERE.glob(f"lg_ours_{args.cell}_seed*.csv"))],
         "ours, official input pipeline": [csv_run(p) for p in sorted(HERE.glob("lg_official_pipeline_seed*.csv"))],
         "official, our split and clients": [csv_run(p) for p in sorted(HERE.glob("lg_official_paired_seed*.csv"))],
         "official, also our initial weights": [csv_run(p) for p in sorted(HERE.glob("lg_official_ourinit_seed*.csv"))],
