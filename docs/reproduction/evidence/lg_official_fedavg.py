@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import re
 from pathlib import Path
 from statistics import mean
 
@@ -60,13 +61,13 @@ def window_mean(acc: dict[int, float], first: int, last: int) -> float | None:
 def paired_differences(name: str, pattern: str) -> None:
     """Print, seed by seed, a paired group's runs minus fedavg_nodecay of the same seed."""
     for path in sorted(HERE.glob(pattern)):
-        seed = path.stem.rsplit("seed", 1)[1]
+        seed = re.search(r"seed(\d+)", path.stem).group(1)
         other, ours = csv_run(path), csv_run(HERE / f"lg_ours_fedavg_nodecay_seed{seed}.csv")
         last = min(max(other), max(ours))
         windows = [(1, 200), (1001, last)] if last > 1000 else [(1, min(200, last))]
         diffs = [best_so_far(other, last) - best_so_far(ours, last)]
         diffs += [window_mean(other, a, b) - window_mean(ours, a, b) for a, b in windows]
-        print(f"{name} minus fedavg_nodecay, seed {seed}, {last} rounds: best, "
+        print(f"{name} minus fedavg_nodecay, {path.stem}, {last} rounds: best, "
               + ", ".join(f"mean of rounds {a}-{b}" for a, b in windows)
               + f": {', '.join(f'{d:+.2f}' for d in diffs)}")
 
