@@ -4,7 +4,7 @@ Reads four groups of runs' test accuracy every round: the official main_fed.py's
 files (lg_official_fedavg.sh; committed as lg_official_fedavg_run*.csv), one of our
 lg_table1_cifar10 FedAvg cells (lg_ours_CELL_seed*.csv: its runs' metrics.jsonl, which git leaves
 on the machine that ran them, written out with --write-csv), our FedAvg
-with the official input pipeline (lg_official_pipeline.sh; lg_official_pipeline_seed*.csv, the
+with the official input pipeline (official_pipeline.sh; lg_official_pipeline_seed*.csv, the
 same columns as the official file), the official code on our split and client draws
 (lg_official_paired.sh; lg_official_paired_seed*.csv) and, with INIT=ours, from our initial
 weights too (lg_official_ourinit_seed*.csv). Prints, every 200 rounds, each run's best test
