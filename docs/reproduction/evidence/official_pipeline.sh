@@ -12,7 +12,9 @@
 # padding) and runs `flrep run EXPERIMENT OVERRIDE... 'compare=[]'` from that copy (PYTHONPATH, so
 # the Ray workers import it too), with its own data cache (the partition cache is keyed by the
 # config, not by the code). The split, clients and every other draw are the committed run's of the
-# same seed. Output: $SCRATCH/OUT.
+# same seed. Give the cell's overrides at its table scale too (reproduce's command line): the
+# committed run's config.yaml and $SCRATCH/OUT/config.yaml must differ in paths only. Output:
+# $SCRATCH/OUT.
 set -euo pipefail
 out=${1:?usage: official_pipeline.sh OUT EXPERIMENT [OVERRIDE...]}
 experiment=${2:?usage: official_pipeline.sh OUT EXPERIMENT [OVERRIDE...]}
