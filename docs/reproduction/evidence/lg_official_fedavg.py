@@ -1,6 +1,6 @@
 """Evidence: the official LG-FedAvg FedAvg against our FedAvg cells, round by round.
 
-Reads four groups of runs' test accuracy every round: the official main_fed.py's results.csv
+Reads five groups of runs' test accuracy every round: the official main_fed.py's results.csv
 files (lg_official_fedavg.sh; committed as lg_official_fedavg_run*.csv), one of our
 lg_table1_cifar10 FedAvg cells (lg_ours_CELL_seed*.csv: its runs' metrics.jsonl, which git leaves
 on the machine that ran them, written out with --write-csv), our FedAvg

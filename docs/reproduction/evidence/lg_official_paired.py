@@ -57,7 +57,7 @@ def our_to_official(data_cfg, our_labels: np.ndarray, pickle_dir: Path) -> np.nd
 
 
 def official_init(cfg, bundle) -> dict[str, torch.Tensor]:
-    """Our run's initial weights under the official CNNCifar's names (same order, shapes checked)."""
+    """Our run's initial weights under the official CNNCifar's names (same order; the official load_state_dict checks the shapes)."""
     ours = initial_model(cfg, bundle).state_dict()
     names = [f"{layer}.{kind}" for layer in ("conv1", "conv2", "fc1", "fc2", "fc3") for kind in ("weight", "bias")]
     if len(ours) != len(names):
@@ -83,7 +83,7 @@ def run_clients(cfg, fed, run_dir: Path) -> list[list[int]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("run_dir", type=Path, help="one of our FedAvg runs (config.yaml, metrics.jsonl)")
+    parser.add_argument("run_dir", type=Path, help="one of our FedAvg runs (config.yaml; metrics.jsonl if present)")
     parser.add_argument("pickle_dir", type=Path, help="the official code's cifar-10-batches-py")
     parser.add_argument("out", type=Path)
     parser.add_argument("--init", type=Path, help="also write the run's initial weights here (official names)")

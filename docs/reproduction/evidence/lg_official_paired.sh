@@ -31,7 +31,7 @@ esac
   { echo "$s: run lg_official_fedavg.sh first (the official code and the CIFAR pickles)" >&2; exit 2; }
 run_dir="$repo/docs/reproduction/lg_table1_cifar10/runs/fedavg_nodecay/seed$seed"
 [ -f "$run_dir/config.yaml" ] || { echo "$run_dir: no committed fedavg_nodecay run of seed $seed" >&2; exit 2; }
-(cd "$repo" && PYTHONPATH="$repo" "$py" "$here/lg_official_paired.py" "$run_dir" "$s/cifar-10-batches-py" "$s/paired-seed$seed.json" "${init_args[@]}")
+(cd "$repo" && PYTHONPATH="$repo" "$py" "$here/lg_official_paired.py" "$run_dir" "$s/cifar-10-batches-py" "$s/$run.json" "${init_args[@]}")
 "$py" - "$s/code" <<'PY'
 import sys
 from pathlib import Path
@@ -56,6 +56,6 @@ for old, new in [
 (code / "main_fed_paired.py").write_text(text)
 PY
 cd "$s/code"
-PAIRED_JSON="$s/paired-seed$seed.json" PAIRED_INIT="$init_pt" PYTHONPATH="$s/deps" "$py" -u main_fed_paired.py --dataset cifar10 --model cnn \
+PAIRED_JSON="$s/$run.json" PAIRED_INIT="$init_pt" PYTHONPATH="$s/deps" "$py" -u main_fed_paired.py --dataset cifar10 --model cnn \
   --num_classes 10 --epochs "$rounds" --lr 0.1 --num_users 100 --shard_per_user 2 --frac 0.1 --local_ep 1 \
   --local_bs 50 --test_freq 1 --gpu -1 --results_save "$run"
