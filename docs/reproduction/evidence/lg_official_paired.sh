@@ -5,7 +5,7 @@
 #   lg_official_paired.sh SEED [ROUNDS] [RUN] [INIT]
 #
 # Needs lg_official_fedavg.sh's scratch folder ($SCRATCH, default /tmp/official-lg: the official
-# code and the copy as CIFAR pickles). lg_official_paired.py writes our seed's split (in the
+# code and the copy as CIFAR pickles). official_paired.py writes our seed's split (in the
 # pickles' order, checked image by image) and the clients of each of its rounds; a copy of
 # main_fed.py (main_fed_paired.py, scratch only) reads them instead of drawing its own. All else is
 # the official code: its model initialisation, input pipeline, local training and averaging
@@ -31,7 +31,7 @@ esac
   { echo "$s: run lg_official_fedavg.sh first (the official code and the CIFAR pickles)" >&2; exit 2; }
 run_dir="$repo/docs/reproduction/lg_table1_cifar10/runs/fedavg_nodecay/seed$seed"
 [ -f "$run_dir/config.yaml" ] || { echo "$run_dir: no committed fedavg_nodecay run of seed $seed" >&2; exit 2; }
-(cd "$repo" && PYTHONPATH="$repo" "$py" "$here/lg_official_paired.py" "$run_dir" "$s/cifar-10-batches-py" "$s/$run.json" "${init_args[@]}")
+(cd "$repo" && PYTHONPATH="$repo" "$py" "$here/official_paired.py" "$run_dir" "$s/cifar-10-batches-py" "$s/$run.json" "${init_args[@]}")
 "$py" - "$s/code" <<'PY'
 import sys
 from pathlib import Path
