@@ -23,7 +23,8 @@ import csv
 import json
 import re
 from pathlib import Path
-from statistics import mean
+from math import sqrt
+from statistics import mean, stdev
 
 HERE = Path(__file__).resolve().parent
 RUNS = HERE.parent / "lg_table1_cifar10" / "runs"
@@ -72,6 +73,22 @@ def paired_differences(name: str, pattern: str) -> None:
               + f": {', '.join(f'{d:+.2f}' for d in diffs)}")
 
 
+def compare_groups(official: list[dict[int, float]], ours: list[dict[int, float]], rounds: int = 1850) -> None:
+    """Print two measures over every official-code run that reached ``rounds`` (own or our split,
+    own or our initial weights) and every seed of ours: the best over rounds 1..``rounds`` and the
+    mean over rounds 1001..``rounds``; means, standard deviations, the difference and its standard
+    error (Welch)."""
+    measures = {f"best over rounds 1-{rounds}": lambda run: best_so_far(run, rounds),
+                f"mean over rounds 1001-{rounds}": lambda run: window_mean(run, 1001, rounds)}
+    for name, measure in measures.items():
+        a = [v for v in map(measure, official) if v is not None]
+        b = [v for v in map(measure, ours) if v is not None]
+        diff, se = mean(b) - mean(a), sqrt(stdev(a) ** 2 / len(a) + stdev(b) ** 2 / len(b))
+        print(f"{name}: official code, {len(a)} runs, {mean(a):.2f} +- {stdev(a):.2f} ({fmt(a)}); "
+              f"ours, {len(b)} seeds, {mean(b):.2f} +- {stdev(b):.2f} ({fmt(b)}); "
+              f"ours minus official {diff:+.2f}, standard error {se:.2f} ({diff / se:+.2f} of it)")
+
+
 def fmt(values: list[float | None]) -> str:
     return ", ".join("–" if v is None else f"{v:.2f}" for v in values)
 
@@ -109,6 +126,8 @@ def main() -> None:
         print(f"\n{name}, best over each whole run: {fmt([max(run.values()) for run in runs])} "
               f"(rounds {', '.join(str(max(run)) for run in runs)})")
     print()
+    official = [run for name, runs in groups.items() if name.startswith("official") for run in runs]
+    compare_groups(official, [csv_run(p) for p in sorted(HERE.glob("lg_ours_fedavg_nodecay_seed*.csv"))])
     paired_differences("ours, official input pipeline", "lg_official_pipeline_seed*.csv")
     paired_differences("official, our split and clients", "lg_official_paired_seed*.csv")
     paired_differences("official, also our initial weights", "lg_official_ourinit_seed*.csv")
