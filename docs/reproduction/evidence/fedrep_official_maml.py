@@ -105,6 +105,28 @@ def main() -> None:
             print("|---" * (2 + len(seeds)) + "|")
             for r in range(10, max(curve) + 1, 10):
                 print(f"| {r} | {curve[r]:.2f} | " + " | ".join(fmt(c.get(r)) for _, c, *_ in seeds) + " |")
+    paired_table()
+
+
+def paired_table() -> None:
+    """The 5-epoch setting, round by round: the official code on its own split and clients
+    (fedrep_official_maml_5shards_ep5*.csv, and shorter runs fedrep_official_maml_ep5_*.csv), on
+    a seed of ours' split and clients (fedrep_official_paired_ep5_seedK*.csv, fedrep_official_paired.sh)
+    and that seed of ours (perfedavg_officialpath_ft_ep5_100x5)."""
+    runs = {path.stem.removeprefix("fedrep_official_"): official(path)[0] for pattern in
+            ("fedrep_official_maml_5shards_ep5*.csv", "fedrep_official_maml_ep5_*.csv", "fedrep_official_paired_ep5_*.csv")
+            for path in sorted(HERE.glob(pattern))}
+    seeds = {int(m.group(1)) for name in runs if (m := re.search(r"paired_ep5_seed(\d+)", name))}
+    for seed, curve, *_ in ours(CELLS[(5, 5)][0]):
+        if int(seed.removeprefix("seed")) in seeds:
+            runs[f"ours {seed}"] = curve
+    if not seeds:
+        return
+    print("\n5 local epochs: the official code on its own split and clients (maml_*) and on ours (paired_*)")
+    print("| round | " + " | ".join(runs) + " |")
+    print("|---" * (1 + len(runs)) + "|")
+    for r in range(10, max(max(c) for c in runs.values()) + 1, 10):
+        print(f"| {r} | " + " | ".join(fmt(c.get(r)) for c in runs.values()) + " |")
 
 
 if __name__ == "__main__":
