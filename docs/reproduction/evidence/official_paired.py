@@ -47,9 +47,9 @@ def pickle_order(pickle_dir: Path, split: str) -> tuple[list[str], np.ndarray]:
     return names, np.asarray(labels)
 
 
-def our_to_official(data_cfg, split: str, our_labels: np.ndarray, pickle_dir: Path) -> np.ndarray:
-    """Position in the official pickles of each of our ``split`` images (checked by name and label)."""
-    entries, _ = _collect_image_entries(find_image_folder(Path(str(data_cfg.root))))
+def our_to_official(entries: list, split: str, our_labels: np.ndarray, pickle_dir: Path) -> np.ndarray:
+    """Position in the official pickles of each of our ``split`` images (``entries``: the image
+    folder's (split, class, name) entries; checked by name and label)."""
     ours = [f"{cls}_{Path(name).name}" for part, cls, name in entries if part == split]
     names, labels = pickle_order(pickle_dir, split)
     position = {n: j for j, n in enumerate(names)}
@@ -95,8 +95,9 @@ def main() -> None:
     args = parser.parse_args()
     cfg = OmegaConf.load(args.run_dir / "config.yaml")
     fed = build_federated_data(cfg.data, int(cfg.seed))
-    train = our_to_official(cfg.data, "train", np.asarray(fed.bundle.train.y), args.pickle_dir)
-    test = our_to_official(cfg.data, "test", np.asarray(fed.bundle.test.y), args.pickle_dir)
+    entries, _ = _collect_image_entries(find_image_folder(Path(str(cfg.data.root))))
+    train = our_to_official(entries, "train", np.asarray(fed.bundle.train.y), args.pickle_dir)
+    test = our_to_official(entries, "test", np.asarray(fed.bundle.test.y), args.pickle_dir)
     rounds = run_clients(cfg, fed, args.run_dir)
     out = {"run": str(args.run_dir), "seed": int(cfg.seed),
            "dict_users_train": [train[idx].tolist() for idx in fed.client_train],
