@@ -3,7 +3,7 @@
 # split with our client draws, paired with a committed perfedavg_officialpath_ft run of the same
 # seed (docs/reproduction/fedrep_table1_cifar10).
 #
-#   fedrep_official_paired.sh CELL SEED LOCAL_EP [ROUNDS] [RUN] [INIT]
+#   fedrep_official_paired.sh CELL SEED LOCAL_EP [ROUNDS] [RUN] [INIT] [DRAWS]
 #
 # Needs fedrep_official_maml.sh's scratch folder ($SCRATCH, default /tmp/official-fedrep-maml: the
 # official code and the copy as CIFAR pickles). official_paired.py writes the run's split (train
@@ -14,14 +14,17 @@
 # cell of that path, e.g. perfedavg_officialpath_ft_ep5_100x5; LOCAL_EP: its local epochs (5 there).
 # ROUNDS: default 100. RUN: default paired-CELL-seedSEED. INIT: official (default: the official,
 # unseeded initialisation) or ours (the run's initial weights, under the official layer names).
+# DRAWS: both (default: our split and our clients), split (our split, the official code's own
+# client draws) or clients (the official code's own split, our clients of each round).
 # Output: the log $SCRATCH/RUN.log (each round's mean local test accuracy, 'Final Round').
 set -euo pipefail
-cell=${1:?usage: fedrep_official_paired.sh CELL SEED LOCAL_EP [ROUNDS] [RUN] [INIT]}
+cell=${1:?usage: fedrep_official_paired.sh CELL SEED LOCAL_EP [ROUNDS] [RUN] [INIT] [DRAWS]}
 seed=${2:?SEED: a committed seed of CELL}
 local_ep=${3:?LOCAL_EP: local epochs of CELL}
 rounds=${4:-100}
 run=${5:-paired-$cell-seed$seed}
 init=${6:-official}
+draws=${7:-both}
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../../.." && pwd)
 py=${PYTHON:-python3}
@@ -31,6 +34,7 @@ case $init in
   ours) init_pt="$s/$run-init.pt"; init_args=(--init "$init_pt") ;;
   *) echo "INIT=$init: expected official or ours" >&2; exit 2 ;;
 esac
+case $draws in both|split|clients) ;; *) echo "DRAWS=$draws: expected both, split or clients" >&2; exit 2 ;; esac
 [ -f "$s/code/main_fedrep.py" ] && [ -f "$s/cifar-10-batches-py/test_batch" ] ||
   { echo "$s: run fedrep_official_maml.sh first (the official code and the CIFAR pickles)" >&2; exit 2; }
 run_dir="$repo/docs/reproduction/fedrep_table1_cifar10/runs/$cell/seed$seed"
@@ -48,10 +52,12 @@ for old, new in [
      "        dataset_train, dataset_test, dict_users_train, dict_users_test = get_data(args)\n"
      "        import json, os  # paired: our split and client draws (fedrep_official_paired.sh)\n"
      "        paired = json.load(open(os.environ['PAIRED_JSON']))\n"
-     "        dict_users_train = {i: np.array(v) for i, v in enumerate(paired['dict_users_train'])}\n"
-     "        dict_users_test = {i: np.array(v) for i, v in enumerate(paired['dict_users_test'])}\n"),
+     "        if os.environ['PAIRED_DRAWS'] in ('both', 'split'):\n"
+     "            dict_users_train = {i: np.array(v) for i, v in enumerate(paired['dict_users_train'])}\n"
+     "            dict_users_test = {i: np.array(v) for i, v in enumerate(paired['dict_users_test'])}\n"),
     ("        idxs_users = np.random.choice(range(args.num_users), m, replace=False)\n",
-     "        idxs_users = np.array(paired['clients'][iter]) if iter < args.epochs else "
+     "        idxs_users = np.array(paired['clients'][iter]) if iter < args.epochs and "
+     "os.environ['PAIRED_DRAWS'] in ('both', 'clients') else "
      "np.random.choice(range(args.num_users), m, replace=False)\n"),
     ("    net_glob = get_model(args)\n",
      "    net_glob = get_model(args)\n"
@@ -63,7 +69,7 @@ for old, new in [
 (code / "main_fedrep_paired.py").write_text(text)
 PY
 cd "$s/code"
-PAIRED_JSON="$s/$run.json" PAIRED_INIT="$init_pt" "$py" -u main_fedrep_paired.py --dataset cifar10 --model cnn \
+PAIRED_JSON="$s/$run.json" PAIRED_DRAWS="$draws" PAIRED_INIT="$init_pt" "$py" -u main_fedrep_paired.py --dataset cifar10 --model cnn \
   --num_classes 10 --alg maml --lr 0.01 --num_users 100 --shard_per_user "$shards" --frac 0.1 --local_bs 10 \
   --local_ep "$local_ep" --epochs "$rounds" --gpu -1 > "$s/$run.log" 2>&1
 grep -E "^Round +[0-9]+,|^Final Round|^Average accuracy" "$s/$run.log" | tail -13
