@@ -15,6 +15,9 @@
 # CIFAR pickles (../shared/bench/cifar_jpeg_to_pickles.py), the log $SCRATCH/RUN.log. Two
 # scratch-only fixes, as ../shared/bench/official_fedrep.sh: a tab in models/test.py, and
 # torchvision's checksum check. The official code seeds nothing.
+# ORDER=names (environment; use its own SCRATCH): the pickles re-written with each class's images
+# in file-name order, our data order, so that the official split cuts its shards from consecutive
+# files as ours does (the bench script writes them in a fixed random order).
 set -euo pipefail
 git_dir=${1:?usage: fedrep_official_maml.sh GIT_DIR SHARDS LOCAL_EP [RUN] [ROUNDS]}
 shards=${2:?SHARDS: 2 or 5}
@@ -34,6 +37,23 @@ fi
 if [ ! -f "$s/cifar-10-batches-py/test_batch" ]; then
   tar xf "$shared/datasets/cifar10-jpeg/CIFAR-10-images-jpeg.tar" -C "$s/untar"
   "$py" "$shared/bench/cifar_jpeg_to_pickles.py" "$s/untar" "$s/cifar-10-batches-py"
+  if [ "${ORDER:-}" = names ]; then "$py" - "$s/cifar-10-batches-py" <<'PY'
+import pickle, sys
+import numpy as np
+
+folder = sys.argv[1]
+for files in ([f"data_batch_{b}" for b in range(1, 6)], ["test_batch"]):
+    batches = [pickle.load(open(f"{folder}/{f}", "rb"), encoding="latin1") for f in files]
+    names = np.array([n for b in batches for n in b["filenames"]])  # '<class>_<file>'
+    data, labels = np.concatenate([b["data"] for b in batches]), np.array([y for b in batches for y in b["labels"]])
+    order = np.argsort(names, kind="stable")
+    assert (np.diff(labels[order]) >= 0).all(), "name order is not class order"
+    for f, part in zip(files, np.array_split(order, len(files))):
+        batch = {"batch_label": f"{f} in file-name order", "labels": labels[part].tolist(), "data": data[part],
+                 "filenames": names[part].tolist()}
+        pickle.dump(batch, open(f"{folder}/{f}", "wb"))
+PY
+  fi
 fi
 mkdir -p "$s/code/data/cifar10" "$s/code/save"
 ln -sfn "$s/cifar-10-batches-py" "$s/code/data/cifar10/cifar-10-batches-py"

@@ -15,7 +15,8 @@
 # ROUNDS: default 100. RUN: default paired-CELL-seedSEED. INIT: official (default: the official,
 # unseeded initialisation) or ours (the run's initial weights, under the official layer names).
 # DRAWS: both (default: our split and our clients), split (our split, the official code's own
-# client draws) or clients (the official code's own split, our clients of each round).
+# client draws), clients (the official code's own split, our clients of each round) or none (a
+# control: the patched copy with all its own draws, i.e. the official code).
 # Output: the log $SCRATCH/RUN.log (each round's mean local test accuracy, 'Final Round').
 set -euo pipefail
 cell=${1:?usage: fedrep_official_paired.sh CELL SEED LOCAL_EP [ROUNDS] [RUN] [INIT] [DRAWS]}
@@ -34,7 +35,7 @@ case $init in
   ours) init_pt="$s/$run-init.pt"; init_args=(--init "$init_pt") ;;
   *) echo "INIT=$init: expected official or ours" >&2; exit 2 ;;
 esac
-case $draws in both|split|clients) ;; *) echo "DRAWS=$draws: expected both, split or clients" >&2; exit 2 ;; esac
+case $draws in both|split|clients|none) ;; *) echo "DRAWS=$draws: expected both, split, clients or none" >&2; exit 2 ;; esac
 [ -f "$s/code/main_fedrep.py" ] && [ -f "$s/cifar-10-batches-py/test_batch" ] ||
   { echo "$s: run fedrep_official_maml.sh first (the official code and the CIFAR pickles)" >&2; exit 2; }
 run_dir="$repo/docs/reproduction/fedrep_table1_cifar10/runs/$cell/seed$seed"
