@@ -127,6 +127,13 @@ def paired_table() -> None:
     print("|---" * (1 + len(runs)) + "|")
     for r in range(10, max(max(c) for c in runs.values()) + 1, 10):
         print(f"| {r} | " + " | ".join(fmt(c.get(r)) for c in runs.values()) + " |")
+    print("| mean of rounds 31-40 | " + " | ".join(fmt(window_mean(c, 31, 40)) for c in runs.values()) + " |")
+
+
+def window_mean(curve: dict[int, float], first: int, last: int) -> float | None:
+    """The mean accuracy of rounds first..last, where the curve has every one of them."""
+    rounds = range(first, last + 1)
+    return mean(curve[r] for r in rounds) if all(r in curve for r in rounds) else None
 
 
 if __name__ == "__main__":
