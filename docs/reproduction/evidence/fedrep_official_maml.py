@@ -111,8 +111,9 @@ def main() -> None:
 def paired_table() -> None:
     """The 5-epoch setting, round by round: the official code on its own split and clients
     (fedrep_official_maml_5shards_ep5*.csv, and shorter runs fedrep_official_maml_ep5_*.csv), on
-    a seed of ours' split and clients (fedrep_official_paired_ep5_seedK*.csv, fedrep_official_paired.sh)
-    and that seed of ours (perfedavg_officialpath_ft_ep5_100x5)."""
+    a seed of ours' split, clients or both, or on none of them as a control
+    (fedrep_official_paired_ep5_*.csv, fedrep_official_paired.sh DRAWS) and that seed of ours
+    (perfedavg_officialpath_ft_ep5_100x5)."""
     runs = {path.stem.removeprefix("fedrep_official_"): official(path)[0] for pattern in
             ("fedrep_official_maml_5shards_ep5*.csv", "fedrep_official_maml_ep5_*.csv", "fedrep_official_paired_ep5_*.csv")
             for path in sorted(HERE.glob(pattern))}
@@ -122,7 +123,7 @@ def paired_table() -> None:
             runs[f"ours {seed}"] = curve
     if not seeds:
         return
-    print("\n5 local epochs: the official code on its own split and clients (maml_*) and on ours (paired_*)")
+    print("\n5 local epochs: the official code on its own draws (maml_*) and through the paired copy (paired_*)")
     print("| round | " + " | ".join(runs) + " |")
     print("|---" * (1 + len(runs)) + "|")
     for r in range(10, max(max(c) for c in runs.values()) + 1, 10):

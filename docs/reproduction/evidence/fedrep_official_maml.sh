@@ -15,7 +15,8 @@
 # CIFAR pickles (../shared/bench/cifar_jpeg_to_pickles.py), the log $SCRATCH/RUN.log. Two
 # scratch-only fixes, as ../shared/bench/official_fedrep.sh: a tab in models/test.py, and
 # torchvision's checksum check. The official code seeds nothing.
-# ORDER=names (environment; use its own SCRATCH): the pickles re-written with each class's images
+# ORDER=names (environment; use its own SCRATCH, which a plain run then refuses): the pickles
+# re-written (again, harmlessly, on every such run) with each class's images
 # in file-name order, our data order, so that the official split cuts its shards from consecutive
 # files as ours does (the bench script writes them in a fixed random order).
 set -euo pipefail
@@ -37,7 +38,8 @@ fi
 if [ ! -f "$s/cifar-10-batches-py/test_batch" ]; then
   tar xf "$shared/datasets/cifar10-jpeg/CIFAR-10-images-jpeg.tar" -C "$s/untar"
   "$py" "$shared/bench/cifar_jpeg_to_pickles.py" "$s/untar" "$s/cifar-10-batches-py"
-  if [ "${ORDER:-}" = names ]; then "$py" - "$s/cifar-10-batches-py" <<'PY'
+fi
+if [ "${ORDER:-}" = names ]; then "$py" - "$s/cifar-10-batches-py" <<'PY'
 import pickle, sys
 import numpy as np
 
@@ -53,7 +55,8 @@ for files in ([f"data_batch_{b}" for b in range(1, 6)], ["test_batch"]):
                  "filenames": names[part].tolist()}
         pickle.dump(batch, open(f"{folder}/{f}", "wb"))
 PY
-  fi
+elif grep -q "in file-name order" "$s/cifar-10-batches-py/test_batch"; then
+  echo "$s: its pickles are in file-name order (ORDER=names); use another SCRATCH" >&2; exit 2
 fi
 mkdir -p "$s/code/data/cifar10" "$s/code/save"
 ln -sfn "$s/cifar-10-batches-py" "$s/code/data/cifar10/cifar-10-batches-py"
