@@ -56,7 +56,7 @@ CASES: dict[str, tuple[str, str]] = {
 }
 TIMING_KEYS = {"elapsed_s", "wall_time_s", "convexify_seconds", "entk_client_seconds_max", "entk_samples_per_s",
                "tct_convexify_seconds", "tct_entk_samples_per_s", "out_dir", "timings", "started_at", "startup_s",
-               "total_time_s"}
+               "total_time_s", "source"}
 
 
 def _clean(value):

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 
 import pytest
 
 from flower_app.cli import main as flrep
-from flower_app.reproduction.index import FIGURE, PAGE, Commit, Files, markdown, rows
-from flower_app.reproduction.tables import parse_table
+from flower_app.reproduction.index import FIGURE, PAGE, Commit, Files, inventory, markdown, rows, run_flags
+from flower_app.reproduction.tables import load_table, parse_table, table_names
+from flower_app.results.provenance import source_hash
 from flower_app.run import config
 from task.errors import ConfigError
 
@@ -24,14 +26,27 @@ columns:
   acc: {{key: personalized_accuracy, label: accuracy, percent: true}}
   params: {{key: params_total, label: parameters}}
 tolerance: 1.5
-{SCALES}explained:
-  c.acc: a cause measured in another cell
+{SCALES}numbers:
+  a_acc: {{value: 50.0, what: A accuracy}}
+  a_params: {{value: 1000, what: A parameters}}
+  b_acc: {{value: 60.0, what: B accuracy}}
+  c_acc: {{value: 70.0, what: C accuracy}}
+  d_acc: {{value: 80.0, what: D accuracy}}
+  e_acc: {{value: 90.0, what: E accuracy}}
+  f_acc: {{value: 95.0, what: F accuracy}}
+  g_acc: {{value: null, what: G accuracy, not_attempted: "unreadable in our copy: the row lost a value"}}
+diagnosed:
+  c_acc: {{reason: the official code on our data gives 75.1, evidence: docs/reproduction/evidence/x.md}}
+suspected:
+  f_acc: a cause not paired with evidence
 cells:
-  a: {{label: A, experiment: quickstart, paper: {{acc: 50.0, params: 1000}}}}
-  b: {{label: B, experiment: quickstart, paper: {{acc: 60.0}}, columns: [acc]}}
-  c: {{label: C, experiment: quickstart, paper: {{acc: 70.0}}, columns: [acc]}}
-  d: {{label: D, experiment: quickstart, paper: {{acc: 80.0}}, columns: [acc]}}
-  e: {{label: E, experiment: quickstart, paper: {{acc: 90.0}}, columns: [acc]}}
+  a: {{label: A, experiment: quickstart, primary: true, paper: {{acc: a_acc, params: a_params}}}}
+  a2: {{label: A at another rate, experiment: quickstart, paper: {{acc: a_acc}}, columns: [acc]}}
+  b: {{label: B, experiment: quickstart, primary: true, paper: {{acc: b_acc}}, columns: [acc]}}
+  c: {{label: C, experiment: quickstart, primary: true, paper: {{acc: c_acc}}, columns: [acc]}}
+  d: {{label: D, experiment: quickstart, primary: true, paper: {{acc: d_acc}}, columns: [acc]}}
+  e: {{label: E, experiment: quickstart, primary: true, paper: {{acc: e_acc}}, columns: [acc]}}
+  f: {{label: F, experiment: quickstart, primary: true, paper: {{acc: f_acc}}, columns: [acc]}}
 claims:
   - {{text: B beats A, cell: b, column: acc, op: ">", other: a}}
 """
@@ -39,64 +54,136 @@ TABLE_B = f"""title: Paper B, Figure 2
 source: nowhere, Figure 2
 columns:
   acc: {{key: personalized_accuracy, label: accuracy, percent: true}}
-{SCALES}cells:
-  x: {{label: X, experiment: quickstart, paper: {{acc: 40.0}}}}
+{SCALES}numbers:
+  x_acc: {{value: 40.0, what: X accuracy}}
+cells:
+  x: {{label: X, experiment: quickstart, primary: true, paper: {{acc: x_acc}}}}
   y: {{label: Y, experiment: quickstart}}
 """
-HEADER = ("cell,label,column,metric,runs,n,mean,std,paper,difference,within_tolerance,ci95,paper_in_ci95,"
-          "wall_s_per_seed,seeds")
+HEADER = ("cell,label,column,metric,role,number,verdict,why,runs,n,mean,std,paper,difference,within_tolerance,ci95,"
+          "paper_in_ci95,wall_s_per_seed,seeds")
 CSV_A = "\n".join([
     HEADER,
-    "a,A,acc,accuracy,3,3,51.0,0.5,50.0,,,,,1,0 1 2",             # +1.0: within 1.5 points
-    "a,A,params,parameters,3,3,1010.0,0.0,1000.0,,,,,1,0 1 2",     # +1%: within 1.5% of the paper's
-    "b,B,acc,accuracy,3,3,57.0,2.0,60.0,,,,,1,0 1 2",              # -3.0, the 95% interval is ± 4.97
-    "c,C,acc,accuracy,3,3,75.0,0.1,70.0,,,,,1,0 1 2",              # +5.0, declared in explained:
-    "d,D,acc,accuracy,1,1,85.0,0.0,80.0,,,,,1,0",                  # +5.0, one seed: open
-    "e,E,acc,accuracy,0,0,,,90.0,,,,,,",                            # not run
+    "a,A,acc,accuracy,primary,a_acc,,,3,3,51.0,0.5,50.0,,,,,1,0 1 2",             # +1.0: agrees
+    "a,A,params,parameters,primary,a_params,,,3,3,1010.0,0.0,1000.0,,,,,1,0 1 2",  # +1%: within 1.5% of the paper's
+    "a2,A2,acc,accuracy,sensitivity,a_acc,,,3,3,40.0,0.5,50.0,,,,,1,0 1 2",        # a sensitivity row: never counted
+    "b,B,acc,accuracy,primary,b_acc,,,3,3,57.0,2.0,60.0,,,,,1,0 1 2",              # -3.0, ± 4.97 reaches the band
+    "c,C,acc,accuracy,primary,c_acc,,,3,3,75.0,0.1,70.0,,,,,1,0 1 2",              # +5.0, diagnosed
+    "d,D,acc,accuracy,primary,d_acc,,,1,1,85.0,0.0,80.0,,,,,1,0",                  # +5.0, one seed
+    "e,E,acc,accuracy,primary,e_acc,,,0,0,,,90.0,,,,,,",                            # not run
+    "f,F,acc,accuracy,primary,f_acc,,,3,3,91.0,0.2,95.0,,,,,1,0 1 2",              # -4.0: differs
 ]) + "\n"
 MD_A = "| B beats A | `b.acc > a.acc` | holds (3/3 seeds) |\n"
+DEFINED = parse_table("a", TABLE_A, "a.yaml").definition
+MANIFEST_A = {"table": "a", "scale": "cpu", "runs": {
+    **{f"{c}/seed{s}": {"status": "completed", "commit": "abc1234", "clean": True, "definition": DEFINED(c, "cpu")}
+       for c in "abcf" for s in (0, 1, 2)},
+    "d/seed0": {"status": "completed", "commit": "abc1234+changes", "definition": DEFINED("d", "cpu")},
+}}
 
 
 @pytest.fixture
 def tree(tmp_path):
-    """A repository root with two tables: A reported (five cells, four run), B never run."""
+    return make_tree(tmp_path)
+
+
+def make_tree(tmp_path):
+    """A repository root with two tables: A reported (seven cells, six run), B never run."""
     (tmp_path / "conf" / "tables").mkdir(parents=True)
     (tmp_path / "conf" / "tables" / "a.yaml").write_text(TABLE_A)
     (tmp_path / "conf" / "tables" / "b.yaml").write_text(TABLE_B)
+    (tmp_path / "conf" / "papers.yaml").write_text(
+        "papers:\n  - paper: Paper A\n    tables:\n      - {where: Table 1, table: a}\n"
+        "      - {where: Table 2, count: 4, not_attempted: 'no data offline: Sent140'}\n"
+        "  - paper: Paper B\n    tables:\n      - {where: Figure 2, table: b}\n")
     (tmp_path / "docs" / "reproduction" / "a").mkdir(parents=True)
     (tmp_path / "docs" / "reproduction" / "a" / "table.csv").write_text(CSV_A)
     (tmp_path / "docs" / "reproduction" / "a" / "table.md").write_text(MD_A)
+    (tmp_path / "docs" / "reproduction" / "a" / "reproduce.json").write_text(json.dumps(MANIFEST_A))
     return tmp_path
 
 
-def test_each_table_gets_its_counts_verdicts_and_a_link(tree):
+def test_each_paper_number_is_judged_on_its_primary_only(tree):
     every = rows(Files(tree))
     assert [r.table.name for r in every] == ["a", "b"]
-    verdicts = {f"{n.cell}.{n.column}": n.verdict for n in every[0].numbers}
-    assert verdicts == {"a.acc": "within", "a.params": "within", "b.acc": "interval", "c.acc": "declared",
-                        "d.acc": "open"}
-    page = markdown(every)
-    assert "| [Paper A, Table 1](reproduction/a/table.md) | 4/5 | 1–3 | 5 | 2 | 2 (1 CI, 1 notes) | 1 | 1/1 |" in page
-    assert "| [Paper B, Figure 2](../conf/tables/b.yaml) | 0/2 | – | – | – | – | – | – |" in page
-    assert "In all: 5 numbers, 2 within the tolerance, 2 explained, 1 open." in page
-    assert ("- [`a`](reproduction/a/table.md): **open**: `d.acc` +5.00 (1 seed); CI: `b.acc` −3.00; "
-            "notes: `c.acc` +5.00\n") in page
-    assert "a cause measured in another cell" not in page  # the reason is on the table's page
-    assert "`a.acc`" not in page  # a number within the tolerance is not listed
+    verdicts = {n.id: n.verdict for n in every[0].numbers}
+    assert verdicts == {"a_acc": "agrees", "a_params": "agrees", "b_acc": "inconclusive", "c_acc": "differs, diagnosed",
+                        "d_acc": "inconclusive", "e_acc": "not attempted", "f_acc": "differs", "g_acc": "not attempted"}
+    why = {n.id: n.why for n in every[0].numbers}
+    assert why["d_acc"] == "1 of 3 seeds" and why["e_acc"] == "declared, not run yet"
+    assert why["f_acc"] == "a cause not paired with evidence"
+    assert why["g_acc"].startswith("unreadable in our copy")
+    owed = {n.id: n.owed for n in every[0].numbers}
+    assert owed["b_acc"] == 2 and owed["a_acc"] == 0 and owed["d_acc"] == 2  # wide intervals get seeds 3 and 4
+
+
+def test_the_page_counts_every_printed_number_with_the_five_verdicts(tree):
+    source = Files(tree)
+    every = rows(source)
+    page = markdown(every, inventory(source, every))
+    # 8 numbers of table a, 1 of b, 4 of a part no table covers: 13 printed
+    assert ("**13 printed numbers** ([inventory](#what-the-papers-print)): 6 attempted, of which **2 agree**, "
+            "1 differ with a diagnosis, 1 differ, 2 are inconclusive; 7 not attempted (no data offline: 4; "
+            "declared, not run yet: 2; unreadable in our copy: 1).") in page
+    assert "| [Paper A, Table 1](reproduction/a/table.md) | 8 | 2 | 1 | 1 | 2 | 2 | 4 | 1 | 1/1 |" in page
+    assert "| [Paper B, Figure 2](../conf/tables/b.yaml) | 1 | 0 | 0 | 0 | 0 | 1 | 0 | 0 | – |" in page
+    assert "| Paper A | Table 2 | 4 | not attempted: no data offline: Sent140 |" in page
+    assert "| [`a`](reproduction/a/table.md) | B beats A | **holds** (3/3 seeds) |" in page
+    assert "flags: changed tree (1)" in page
+    assert "`a2" not in page  # a sensitivity row is never counted
+
+
+def test_flags_say_what_a_reviewer_should_know_about_a_primarys_runs(tree):
+    table = parse_table("a", TABLE_A, "a.yaml")
+    now = table.definition("b", "cpu")
+    runs = {f"b/seed{s}": {"status": "completed", "commit": c, "definition": d}
+            for s, c, d in ((0, "abc1234", "0ld0ld0ld0ld"), (1, "def5678", now), (2, "def5678", now))}
+    flags = run_flags(table, "b", "cpu", [0, 1, 2], {"runs": runs}, None)
+    assert flags == ("seeds from 2 code versions", "definition changed after its first run")
+    recorded = {"modules": ["task/x.py"], "hash": source_hash(["task/x.py"], lambda p: "old text")}
+    runs = {f"b/seed{s}": {"status": "completed", "commit": "abc1234", "definition": now, "source": recorded}
+            for s in (0, 1, 2)}
+    assert run_flags(table, "b", "cpu", [0, 1, 2], {"runs": runs}, None) == ()
+    (tree / "task").mkdir()
+    (tree / "task" / "x.py").write_text("new text")
+    assert run_flags(table, "b", "cpu", [0, 1, 2], {"runs": runs}, Files(tree)) == ("code changed since",)
+
+
+@pytest.mark.parametrize("edit, error", [
+    (("  a2: {label: A at another rate, experiment: quickstart, paper",
+      "  a2: {label: A at another rate, experiment: quickstart, primary: true, paper"),
+     r"numbers\.a_acc needs exactly one primary cell\.column \(or a not_attempted reason\); it has 2: a\.acc, a2\.acc"),
+    (("  e: {label: E, experiment: quickstart, primary: true,", "  e: {label: E, experiment: quickstart,"),
+     r"numbers\.e_acc needs exactly one primary cell\.column .* it has 0"),
+    (("paper: {acc: b_acc}", "paper: {acc: b_ac}"), r"cells\.b\.paper\.acc is 'b_ac'; expected the id .*did you mean `b_acc`"),
+    (("g_acc: {value: null, what: G accuracy, not_attempted: \"unreadable in our copy: the row lost a value\"}",
+      "g_acc: {value: null, what: G accuracy}"), r"numbers\.g_acc\.value is null: a number our copy lost needs a not_attempted"),
+    (("diagnosed:\n  c_acc: {reason: the official code on our data gives 75.1, evidence: docs/reproduction/evidence/x.md}",
+      "diagnosed:\n  c_acc: the official code on our data gives 75.1"), r"diagnosed\.c_acc needs .*evidence"),
+    (("suspected:", "explained:\n  c.acc: why\nsuspected:"), r"explained is no longer a key"),
+])
+def test_a_table_attaches_each_paper_number_to_exactly_one_primary(edit, error):
+    with pytest.raises(ConfigError, match=error):
+        parse_table("a", TABLE_A.replace(*edit), "a.yaml")
+
+
+def test_every_table_file_attaches_each_paper_number_to_exactly_one_primary_and_its_evidence_exists():
+    for name in table_names():
+        table = load_table(name)  # the parse refuses a number with no primary, or two
+        for number in table.numbers.values():
+            assert (number.not_attempted is None) == (table.primary_of(number.id) is not None), (name, number.id)
+        for ref, diagnosis in table.diagnosed.items():
+            assert (config.PROJECT_DIR / diagnosis.evidence).is_file(), f"{name}: diagnosed.{ref}: no {diagnosis.evidence}"
 
 
 def test_flrep_reproduce_index_writes_the_page_and_the_figure(tree, monkeypatch, capsys):
     monkeypatch.setattr(config, "PROJECT_DIR", tree)
     assert flrep(["reproduce", "--index"]) == 0
-    assert (tree / PAGE).read_text() == markdown(rows(Files(tree)))
+    every = rows(Files(tree))
+    assert (tree / PAGE).read_text() == markdown(every, inventory(Files(tree), every))
     assert (tree / FIGURE).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert sorted(p.name for p in (tree / FIGURE).parent.iterdir()) == ["a", "index.png"]  # no temporary file left
     assert str(tree / FIGURE) in capsys.readouterr().out
-
-
-def test_an_explained_number_must_name_a_cell_and_column_with_a_paper_number():
-    with pytest.raises(ConfigError, match=r"a\.yaml: explained\.e\.params needs"):
-        parse_table("a", TABLE_A.replace("c.acc: a cause", "e.params: a cause"), "a.yaml")
 
 
 def test_the_committed_page_is_what_the_index_makes_of_the_committed_tables():
@@ -109,6 +196,7 @@ def test_the_committed_page_is_what_the_index_makes_of_the_committed_tables():
     head = Commit(root)
     committed = head.text(PAGE)
     assert committed is not None, f"{PAGE} is not committed"
-    assert committed == markdown(rows(head)), (
+    every = rows(head)
+    assert committed == markdown(every, inventory(head, every)), (
         f"the committed {PAGE} is not what `flrep reproduce --index` makes of the committed tables: "
         "run it and commit the page and its figure")

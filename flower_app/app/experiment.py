@@ -20,12 +20,13 @@ from flower_app.app import checkpoint
 from flower_app.run import run_dir
 from flower_app.run.console import RoundBar
 from flower_app.run.ray_cluster import refuse_unnamed_cluster
-from flower_app.run.config import clients_per_round, server_device, validate_with_data
+from flower_app.run.config import PROJECT_DIR, clients_per_round, server_device, validate_with_data
 from flower_app.app.outcome import (command_startup_s, describe_window, no_better_than_chance,
                                       no_final_metric, output_dir, skipped_too_many)
 from flower_app.app.federation import Federation, NodeSubset, Traffic, connect, rejoin
 from flower_app.results.progress import EXTRA_PROGRESS, terminal_round_line
 from flower_app.results.contract import RunRecorder
+from flower_app.results.provenance import executed_sources
 from flower_app.app.services import RunServices
 from flower_app.app.timing import PhaseTimer
 from flower_app.results.tracking import Tracker
@@ -365,6 +366,7 @@ class Experiment:
         }
         summary.update(self.traffic.as_dict())
         summary["params_by_phase"] = dict(self.traffic.by_phase)
+        summary["source"] = executed_sources(PROJECT_DIR)
         if not self.strategy.has_global_model(self.last_main_round):
             summary["global_accuracy"] = summary["global_accuracy_last"] = summary["global_accuracy_best"] = None
         for protocol in self.protocols:

@@ -1,10 +1,10 @@
 """``flrep reproduce --index``: ``docs/reproduction.md`` and ``docs/reproduction/index.png``, generated
-from every paper table (``conf/tables/<name>.yaml``) and its committed report
-(``docs/reproduction/<name>/table.csv`` and ``table.md``), never from the runs.
+from every paper table (``conf/tables/<name>.yaml``), its committed report (``table.csv``,
+``table.md``, ``reproduce.json`` under ``docs/reproduction/<name>/``) and the inventory of what the
+papers print (``conf/papers.yaml``), never from the runs.
 
-Each (cell, metric) with a paper number and ours gets one verdict: *within* the table's tolerance
-(points for a percentage, per cent of the paper's value otherwise), else *explained* (the paper's
-number inside our 95% interval, or a reason the table's ``explained:`` declares), else *open*.
+Each paper number gets one verdict from its one primary cell (:func:`report.judge`): *agrees*,
+*differs, diagnosed*, *differs*, *inconclusive* or *not attempted*, and the flags of its runs.
 A :class:`Source` reads the files from the working tree (:class:`Files`) or from a commit
 (:class:`Commit`), so a test can check the committed page against the committed tables.
 """
@@ -13,16 +13,20 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from flower_app.reproduction.report import ci95_half_width, verdict
+from flower_app.reproduction.report import (AGREES, DIAGNOSED, DIFFERS, INCONCLUSIVE, NOT_ATTEMPTED, VERDICTS,
+                                            ci95_half_width, failed_seeds, judge, seeds_owed)
+from flower_app.results.provenance import source_hash
 from flower_app.reproduction.tables import Table, parse_table
 
 PAGE = "docs/reproduction.md"
+PAPERS = "conf/papers.yaml"
 FIGURE = "docs/reproduction/index.png"
 COMMAND = "flrep reproduce --index"
 
@@ -72,16 +76,21 @@ class Commit:
 
 @dataclass(frozen=True)
 class Number:
-    """One (cell, metric) of a table with the paper's number and ours, and its verdict."""
+    """One number the paper prints in a table: its primary's result (if run) and its verdict."""
 
-    cell: str
-    column: str
-    percent: bool
-    mean: float
-    paper: float
-    n: int
-    ci95: float | None
-    verdict: str  # "within", "interval" (the paper inside our 95% interval), "declared" or "open"
+    id: str
+    what: str
+    paper: float | None
+    verdict: str  # one of report.VERDICTS
+    why: str = ""
+    cell: str = ""  # its primary cell and column ("" when it has none)
+    column: str = ""
+    percent: bool = True
+    mean: float | None = None
+    n: int = 0
+    ci95: float | None = None
+    owed: int = 0  # seeds the seed rule still asks for
+    flags: tuple[str, ...] = ()  # what a reviewer should know about its runs
 
     @property
     def difference(self) -> float:
@@ -98,45 +107,104 @@ class Row:
     seeds: tuple[int, int] | None  # fewest and most completed runs of a cell that ran
     numbers: tuple[Number, ...]
     claims: tuple[int, int] | None  # claims that hold on every seed, claims checked
+    claim_list: tuple[tuple[str, str, str], ...] = ()  # (claim, verdict, seeds held) as its page gives them
 
     def count(self, *verdicts: str) -> int:
         return sum(n.verdict in verdicts for n in self.numbers)
 
 
-def numbers(table: Table, table_csv: str) -> list[Number]:
-    """Every (cell, metric) of ``table_csv`` (a committed report) with both numbers, judged anew with
-    the table's tolerance and ``explained:`` as they are now."""
+def numbers(table: Table, table_csv: str, manifest: dict | None = None,
+            source: Source | None = None) -> list[Number]:
+    """Every paper number of ``table``, judged anew on its primary's row of ``table_csv`` (a committed
+    report) with the table as it is now; ``manifest`` (its ``reproduce.json``) gives the scale and
+    each run's record, from which the flags are made."""
+    manifest = manifest or {}
+    scale = manifest.get("scale", "cpu")
+    found = {(r["cell"], r["column"]): r for r in csv.DictReader(io.StringIO(table_csv))}
     out = []
-    for r in csv.DictReader(io.StringIO(table_csv)):
-        if r["cell"] not in table.cells or not r["paper"] or not r["mean"]:
+    for ref, spec in table.numbers.items():
+        primary = table.primary_of(ref)
+        if primary is None:
+            out.append(Number(ref, spec.what, spec.value, NOT_ATTEMPTED, spec.not_attempted or ""))
             continue
-        column = table.columns.get(r["column"])
-        percent = bool(column and column.percent)
-        mean, paper, n = float(r["mean"]), float(r["paper"]), int(r["n"])
-        ci95 = ci95_half_width(float(r["std"]), n) if r["std"] else None
-        judged = verdict(table, r["cell"], r["column"], percent, mean, paper, n, ci95)
-        out.append(Number(r["cell"], r["column"], percent, mean, paper, n, ci95, judged))
+        cell, column = primary
+        percent = table.columns[column].percent
+        r = found.get(primary)
+        mean = float(r["mean"]) if r and r["mean"] else None
+        n = int(r["n"]) if r and r["mean"] else 0
+        ci95 = ci95_half_width(float(r["std"]), n) if r and r["std"] else None
+        record = tuning(source, table, cell)
+        verdict, why = judge(table, ref, mean, n, ci95, table.at_paper_scale(cell, scale), record is not None,
+                             failed_seeds(manifest).get(cell, ()))
+        seeds = [int(x) for x in (r["seeds"].split() if r else [])]
+        owed = seeds_owed(table, n, ci95, percent, spec.value) if verdict != NOT_ATTEMPTED else 0
+        tuned = (f"{table.cells[cell].tune.key}={json.dumps(record['choice'])}",) if record else ()
+        flags = run_flags(table, cell, scale, seeds, manifest, source, tuned) if seeds else ()
+        out.append(Number(ref, spec.what, spec.value, verdict, why, cell, column, percent, mean, n, ci95, owed,
+                          flags))
     return out
 
 
-def claims(table_md: str) -> tuple[int, int] | None:
-    """(claims that hold on every seed, claims run) from a committed ``table.md``; None without claims."""
-    verdicts = re.findall(r"\| (holds|fails|not run) \((\d+)/(\d+) seeds\) \|$", table_md, re.MULTILINE)
-    run = [v for v in verdicts if v[0] != "not run"]
-    return (sum(v[0] == "holds" for v in run), len(run)) if verdicts else None
+def tuning(source: Source | None, table: Table, cell: str) -> dict | None:
+    """The ``flrep tune`` record of a cell with ``tune:`` (None: none yet, or no tune)."""
+    if source is None or table.cells[cell].tune is None:
+        return None
+    text = source.text(f"docs/reproduction/{table.name}/tuning/{cell}.json")
+    return json.loads(text) if text else None
+
+
+def run_flags(table: Table, cell: str, scale: str, seeds: list[int], manifest: dict,
+              source: Source | None, tuned: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """What a reviewer should know about a primary's counted runs: a seed from a changed tree, seeds
+    from more than one code version, a cell definition other than the one now, code that changed
+    since (for runs that recorded their modules), records missing."""
+    records = [manifest.get("runs", {}).get(f"{cell}/seed{s}") for s in seeds]
+    if not all(records):
+        return ("no run record",)
+    flags = []
+    dirty = [s for s, rec in zip(seeds, records) if str(rec.get("commit")).endswith("+changes")
+             or rec.get("clean") is False]
+    if dirty:
+        flags.append("changed tree: seed " + ", ".join(map(str, dirty)))
+    versions = {(rec.get("source") or {}).get("hash") or rec.get("commit") for rec in records}
+    if len(versions) > 1:
+        flags.append(f"seeds from {len(versions)} code versions")
+    now = table.definition(cell, scale, tuned)
+    defined = [rec.get("definition") for rec in records]
+    if any(d is None for d in defined):
+        flags.append("definition not recorded")
+    if any(d is not None and d != now for d in defined):
+        flags.append("definition changed after its first run")
+    if source is not None:
+        changed = [rec for rec in records if rec.get("source")
+                   and source_hash(rec["source"]["modules"], source.text) != rec["source"]["hash"]]
+        if changed:
+            flags.append("code changed since")
+    return tuple(flags)
+
+
+def claims(table_md: str) -> list[tuple[str, str, str]]:
+    """(claim, verdict, "held/seeds seeds") of each claim in a committed ``table.md``."""
+    found = re.findall(r"^\| (.+?) \| `[^`]*` \| (holds|fails|not run) \((\d+)/(\d+) seeds\) \|$", table_md,
+                       re.MULTILINE)
+    return [(text, verdict, f"{held}/{seeds} seeds") for text, verdict, held, seeds in found]
 
 
 def row(source: Source, name: str) -> Row:
     """The index line of table ``name``."""
     table = parse_table(name, source.text(f"conf/tables/{name}.yaml") or "", f"conf/tables/{name}.yaml")
     report = source.text(f"docs/reproduction/{name}/table.csv")
+    manifest = json.loads(source.text(f"docs/reproduction/{name}/reproduce.json") or "{}")
     runs: dict[str, int] = {}
     for r in csv.DictReader(io.StringIO(report or "")):
         if r["cell"] in table.cells and int(r["runs"] or 0) > 0:
             runs[r["cell"]] = int(r["runs"])
     seeds = (min(runs.values()), max(runs.values())) if runs else None
-    found = claims(source.text(f"docs/reproduction/{name}/table.md") or "")
-    return Row(table, report is not None, len(runs), seeds, tuple(numbers(table, report or "")), found)
+    listed = claims(source.text(f"docs/reproduction/{name}/table.md") or "")
+    run = [c for c in listed if c[1] != "not run"]
+    found = (sum(c[1] == "holds" for c in run), len(run)) if listed else None
+    return Row(table, report is not None, len(runs), seeds, tuple(numbers(table, report or "", manifest, source)),
+               found, tuple(listed))
 
 
 def rows(source: Source) -> list[Row]:
@@ -158,75 +226,147 @@ def _seeds(r: Row) -> str:
     return str(low) if low == high else f"{low}–{high}"
 
 
-def _explained(r: Row) -> str:
-    interval, declared = r.count("interval"), r.count("declared")
-    if not interval + declared:
-        return "0"
-    parts = [f"{interval} CI" if interval else "", f"{declared} notes" if declared else ""]
-    return f"{interval + declared} ({', '.join(p for p in parts if p)})"
-
-
 def _diff(x: Number) -> str:
+    if x.mean is None:
+        return "(runs failed)"
     if x.percent:
         return f"{x.difference:+.2f}".replace("-", "−")
     return f"{x.mean:.3g} vs {x.paper:.3g}"
 
 
-def markdown(every: list[Row]) -> str:
+@dataclass(frozen=True)
+class PaperPart:
+    """A part of a paper that prints result numbers, from ``conf/papers.yaml``: covered by a table
+    file (its numbers are that table's), or counted and not attempted, with why."""
+
+    paper: str
+    where: str
+    table: str | None
+    count: int
+    not_attempted: str
+
+
+def inventory(source: Source, every: list[Row]) -> list[PaperPart]:
+    """Every part of the five papers that prints result numbers (``conf/papers.yaml``), each table
+    file's count taken from its ``numbers:``."""
+    import yaml
+
+    raw = yaml.safe_load(source.text(PAPERS) or "") or {}
+    counts = {r.table.name: len(r.numbers) for r in every}
+    parts = []
+    for paper in raw.get("papers", []):
+        for part in paper["tables"]:
+            table = part.get("table")
+            parts.append(PaperPart(paper["paper"], part["where"], table,
+                                   counts.get(table, 0) if table else int(part["count"]),
+                                   "" if table else str(part["not_attempted"])))
+    return parts
+
+
+def markdown(every: list[Row], parts: list[PaperPart] = ()) -> str:
     """The index page."""
+    total = [n for r in every for n in r.numbers]
+    uncovered = [p for p in parts if p.table is None]
+    printed = len(total) + sum(p.count for p in uncovered)
+    counts = {v: sum(n.verdict == v for n in total) for v in VERDICTS}
+    counts[NOT_ATTEMPTED] += sum(p.count for p in uncovered)
+    attempted = printed - counts[NOT_ATTEMPTED]
+    reasons: dict[str, int] = {}
+    for n in total:
+        if n.verdict == NOT_ATTEMPTED:
+            key = _reason(n.why)
+            reasons[key] = reasons.get(key, 0) + 1
+    for p in uncovered:
+        key = _reason(p.not_attempted)
+        reasons[key] = reasons.get(key, 0) + p.count
     lines = [
         "# Reproductions: results on one screen", "",
-        f"How close flrep comes to each paper table, one row per table; generated from the committed "
-        f"tables by `{COMMAND}` (do not edit by hand).", "",
-        "| paper table | cells run | seeds | numbers | within | explained | open | claims hold |",
-        "|---|---|---|---|---|---|---|---|",
+        f"Every result number the papers print, judged on one primary cell each; generated from the committed "
+        f"tables by `{COMMAND}` (do not edit by hand). The protocol: "
+        "[how the tables are made](reproduction/how_it_works.md).", "",
+        f"**{printed} printed numbers** ([inventory](#what-the-papers-print)): {attempted} attempted, of which "
+        f"**{counts[AGREES]} agree**, {counts[DIAGNOSED]} differ with a diagnosis, {counts[DIFFERS]} differ, "
+        f"{counts[INCONCLUSIVE]} are inconclusive; {counts[NOT_ATTEMPTED]} not attempted ("
+        + "; ".join(f"{k}: {v}" for k, v in sorted(reasons.items(), key=lambda kv: -kv[1])) + ").", "",
+        "| paper table | numbers | agrees | differs, diagnosed | differs | inconclusive | not attempted "
+        "| seeds owed | flagged | claims hold |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in every:
-        compared = len(r.numbers)
-        counts = (f"{compared} | {r.count('within')} | {_explained(r)} | {r.count('open')}" if compared
-                  else "– | – | – | –")
-        held = f"{r.claims[0]}/{r.claims[1]}" if r.claims else "–"
-        lines.append(f"| {_link(r)} | {r.cells_run}/{len(r.table.cells)} | {_seeds(r)} | {counts} | {held} |")
-    total = [n for r in every for n in r.numbers]
-    within = sum(n.verdict == "within" for n in total)
-    explained = sum(n.verdict in ("interval", "declared") for n in total)
-    lines += ["", f"In all: {len(total)} numbers, {within} within the tolerance, {explained} explained, "
-                  f"{len(total) - within - explained} open.", "",
-              "![every reproduced number against the paper's](reproduction/index.png)", "",
-              "*The figure*: one point per (cell, metric) in percent with a paper number; x the paper's, "
-              "y ours (mean over seeds) with its 95% interval (hollow: one seed, no interval). "
-              "Shaded: within 1.5 points of the paper.", ""]
+        found = [f.verdict == "holds" for f in r.table.findings]
+        held = (f"{(r.claims or (0, 0))[0] + sum(found)}/{(r.claims or (0, 0))[1] + len(found)}"
+                if r.claims or found else "–")
+        owed = sum(n.owed for n in r.numbers)
+        flagged = sum(bool(n.flags) for n in r.numbers)
+        lines.append(f"| {_link(r)} | {len(r.numbers) or '–'} | " + " | ".join(
+            str(r.count(v)) if r.numbers else "–" for v in VERDICTS) + f" | {owed if r.numbers else '–'} | "
+            f"{flagged if r.numbers else '–'} | {held} |")
+    lines += ["", "![every attempted number against the paper's](reproduction/index.png)", "",
+              "*The figure*: one point per attempted paper number in percent; x the paper's, y our primary's mean "
+              "over seeds with its 95% interval (hollow: fewer than two seeds). Shaded: within 1.5 points.", ""]
     lines += [
         "## How to read this", "",
-        "- **cells run**: cells with a completed run / declared. **seeds**: runs per cell (fewest–most).",
-        "- **numbers**: (cell, metric) pairs with a paper number, one verdict each.",
-        "- **within**: within 1.5 points of the paper (percentages), 1.5% of its value otherwise.",
-        "- **explained**, beyond it: *CI*: the paper's number inside the Student-t 95% interval of our mean "
-        "(two seeds or more; not a match); *notes*: the table's `explained:` names a measured cause (another "
-        "cell, an evidence script, the paper's scale) or a declared setting other than the paper's.",
-        "- **open**: neither; a cause the notes only suspect stays open.",
-        "- **claims hold**: pass/fail statements true on every seed run (tables of figures).",
-        "- Verdicts: each committed `table.csv` with the table's tolerance and `explained:` now.", "",
+        "- Each paper number is attached to exactly one **primary** cell, declared before it ran: the "
+        "paper's settings, where silent the official script's (named in the cell). Every other cell is a "
+        "sensitivity row on its table's page, never counted here.",
+        "- **agrees**: the primary's mean over 3 or more seeds within 1.5 points of the paper's (1.5% of "
+        "its value for other units). **differs, diagnosed**: beyond it, with paired evidence (the "
+        "official code on our data gives our number). **differs**: beyond it, without such evidence (a "
+        "suspected cause is written on the table's page; it does not change the verdict). "
+        "**inconclusive**: fewer than 3 seeds, or a 95% interval wider than ± 3 points. **not attempted**: "
+        "with its reason. The paper's number inside our interval is not agreement.",
+        "- **seeds owed**: what the seed rule (seeds 0-2 for every primary; 3 and 4 too when its interval "
+        "is wider than ± 1.5) still asks. **flagged**: primaries whose runs come from a changed tree, "
+        "from several code versions, from another definition of the cell, or whose code changed since.",
+        "- **claims hold**: pass/fail statements of the figure tables, true on every seed run; each claim "
+        "and its verdict is listed below.", "",
     ]
-    lines += ["## Beyond the tolerance", "",
-              "Open, then CI, then explained by the notes (ids as in `conf/tables/<table>.yaml`; "
-              "each table's page gives the notes' reasons).", ""]
+    lines += ["## Beyond agreement", "",
+              "Per table: the numbers that differ or are inconclusive, then the flags (ids as in "
+              "`conf/tables/<table>.yaml`; each table's page gives the reasons).", ""]
     for r in every:
-        beyond = [x for x in r.numbers if x.verdict != "within"]
-        if not beyond:
-            continue
-        parts = [f"{label}: " + ", ".join(f"`{x.cell}.{x.column}` {_diff(x)}" + (" (1 seed)" if x.n == 1 else "")
-                                          for x in beyond if x.verdict == verdict)
-                 for verdict, label in (("open", "**open**"), ("interval", "CI"), ("declared", "notes"))
-                 if r.count(verdict)]
-        lines.append(f"- {_link(r, f'`{r.table.name}`')}: " + "; ".join(parts))
+        parts_of = []
+        for verdict in (DIFFERS, DIAGNOSED, INCONCLUSIVE):
+            shown = [x for x in r.numbers if x.verdict == verdict]
+            if shown:
+                parts_of.append(f"{verdict}: " + ", ".join(
+                    f"`{x.id}` {_diff(x)}" + (f" ({x.n} seed{'s' if x.n > 1 else ''})" if 0 < x.n < 3 else "")
+                    for x in shown))
+        flagged = [x for x in r.numbers if x.flags]
+        if flagged:
+            kinds: dict[str, int] = {}
+            for x in flagged:
+                for f in x.flags:
+                    kind = f.split(":")[0]
+                    kinds[kind] = kinds.get(kind, 0) + 1
+            parts_of.append("flags: " + ", ".join(f"{k} ({v})" for k, v in kinds.items()))
+        if parts_of:
+            lines.append(f"- {_link(r, f'`{r.table.name}`')}: " + "; ".join(parts_of))
+    claimed = [(r, c) for r in every for c in r.claim_list]
+    claimed += [(r, (f"{f.text} (an analysis of the runs' models: {f.evidence})", f.verdict, "analysis")) for r in every
+                for f in r.table.findings]
+    if claimed:
+        lines += ["", "## Claims of the figure tables", "", "| table | claim | verdict |", "|---|---|---|"]
+        lines += [f"| {_link(r, f'`{r.table.name}`')} | {text} | **{verdict}** ({held}) |"
+                  for r, (text, verdict, held) in claimed]
+    lines += ["", "## What the papers print", "",
+              "Every part of the five papers with result numbers (`conf/papers.yaml`), and where ours are.", "",
+              "| paper | part | numbers | ours |", "|---|---|---|---|"]
+    for p in parts:
+        target = next((_link(r) for r in every if r.table.name == p.table), "")
+        lines.append(f"| {p.paper} | {p.where} | {p.count} | {target or 'not attempted: ' + p.not_attempted} |")
     lines += ["", "## Links", "",
-              "- [How the tables are made](reproduction/how_it_works.md): `flrep reproduce`, resuming, "
-              "what is committed, when runs go stale.",
-              "- Evidence behind the notes: [reproduction/evidence/](reproduction/evidence/).",
+              "- [How the tables are made](reproduction/how_it_works.md): the protocol, `flrep reproduce`, "
+              "`flrep tune`, resuming, what is committed, when runs go stale.",
+              "- Evidence behind the diagnoses: [reproduction/evidence/](reproduction/evidence/).",
               "- `flrep reproduce --list`: every table with its cells and cost on a 2-core CPU.",
               "- Results without a seeded table: [analyses](analyses.md).", ""]
     return "\n".join(lines)
+
+
+def _reason(text: str) -> str:
+    """The kind of a not-attempted reason: its words before the first colon."""
+    return (text or "no reason given").split(":")[0].strip()
 
 
 MARKERS = "osD^vP*Xph<>"
@@ -240,14 +380,15 @@ def plot(every: list[Row], path: Path) -> None:
     from flower_app.results.plots import save_figure
 
     fig, axes = plt.subplots(1, 2, figsize=(13, 6), layout="constrained")
-    shown = [r for r in every if any(n.percent for n in r.numbers)]
+    shown = [r for r in every if any(n.percent and n.mean is not None and n.verdict != NOT_ATTEMPTED
+                                     for n in r.numbers)]
     for ax, (low, high) in zip(axes, ((0.0, 100.0), (70.0, 100.0))):
         grid = [low, high]
         ax.fill_between(grid, [low - 1.5, high - 1.5], [low + 1.5, high + 1.5], color="tab:gray", alpha=0.25,
                         lw=0, label="within 1.5 points")
         ax.plot(grid, grid, color="k", lw=0.8, ls="--")
         for i, r in enumerate(shown):
-            pts = [n for n in r.numbers if n.percent]
+            pts = [n for n in r.numbers if n.percent and n.mean is not None and n.verdict != NOT_ATTEMPTED]
             colour, marker = f"C{i % 10}", MARKERS[i % len(MARKERS)]
             for one_seed in (False, True):
                 sel = [n for n in pts if (n.ci95 is None) == one_seed]
@@ -274,7 +415,7 @@ def write_index(source: Source, root: Path) -> tuple[Path, Path]:
 
     every = rows(source)
     page, figure = root / PAGE, root / FIGURE
-    text = markdown(every)
+    text = markdown(every, inventory(source, every))
     write_atomic(page, lambda tmp: Path(tmp).write_text(text))
     plot(every, figure)
     return page, figure

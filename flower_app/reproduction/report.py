@@ -18,8 +18,10 @@ def cell_values(table: Table, cell: str, summaries: dict[int, dict], column: str
     return {seed: v for seed, v in values.items() if v is not None}
 
 
-def rows(table: Table, done: dict[str, dict[int, dict]]) -> list[dict]:
-    """One row per (cell, column): ours (mean, std, n), the paper's, difference, within tolerance."""
+def rows(table: Table, done: dict[str, dict[int, dict]], scale: str, tuned: set[str] = frozenset(),
+         failed: dict[str, tuple[int, ...]] | None = None) -> list[dict]:
+    """One row per (cell, column): ours (mean, std, n), the paper's, difference, within tolerance,
+    and, for a primary's paper number, its verdict at ``scale`` (``tuned``: the cells whose tuning ran)."""
     out = []
     for cell in table.cells.values():
         summaries = done.get(cell.name, {})
@@ -28,13 +30,19 @@ def rows(table: Table, done: dict[str, dict[int, dict]]) -> list[dict]:
             values = cell_values(table, cell.name, summaries, col.name)
             mean = statistics.fmean(values.values()) if values else None
             std = statistics.stdev(values.values()) if len(values) > 1 else (0.0 if values else None)
-            paper = cell.paper.get(col.name)
+            paper = table.paper_value(cell.name, col.name)
             diff = mean - paper if mean is not None and paper is not None else None
             within = (abs(diff) <= table.tolerance if diff is not None and table.tolerance is not None and col.percent
                       else None)
             half = ci95_half_width(std, len(values)) if diff is not None else None
             metric = f"{col.label} (`{cell.keys[col.name]}`)" if col.name in cell.keys else col.label
+            number = cell.paper.get(col.name)
+            judged = (judge(table, number, mean, len(values), half, table.at_paper_scale(cell.name, scale),
+                            cell.name in tuned, (failed or {}).get(cell.name, ()))
+                      if cell.primary and number else ("", ""))
             out.append({"cell": cell.name, "label": cell.label, "column": col.name, "metric": metric,
+                        "number": number or "", "role": "primary" if cell.primary else "sensitivity",
+                        "verdict": judged[0], "why": judged[1],
                         "runs": len(summaries), "n": len(values), "mean": mean, "std": std, "seeds": sorted(values),
                         "paper": paper, "difference": diff, "within_tolerance": within,
                         "ci95": half, "paper_in_ci95": None if half is None else abs(diff) <= half,
@@ -52,20 +60,68 @@ def ci95_half_width(std: float | None, n: int) -> float | None:
     return float(t.ppf(0.975, n - 1)) * std / n**0.5
 
 
-def verdict(table: Table, cell: str, column: str, percent: bool, mean: float, paper: float,
-            n: int, ci95: float | None) -> str:
-    """The verdict of one number: ``within`` the table's tolerance (points for a percentage, per
-    cent of the paper's value otherwise), else ``interval`` (the paper's number inside our 95%
-    interval, two seeds or more), else ``declared`` (a reason in the table's ``explained:``), else ``open``."""
-    tol = table.tolerance
-    diff = abs(mean - paper)
-    if tol is not None and diff <= (tol if percent else tol / 100 * abs(paper)) + 1e-9:
-        return "within"
-    if n >= 2 and ci95 is not None and diff <= ci95:
-        return "interval"
-    if (cell, column) in table.explained:
-        return "declared"
-    return "open"
+AGREES, DIAGNOSED, DIFFERS, INCONCLUSIVE, NOT_ATTEMPTED = (
+    "agrees", "differs, diagnosed", "differs", "inconclusive", "not attempted")
+VERDICTS = (AGREES, DIAGNOSED, DIFFERS, INCONCLUSIVE, NOT_ATTEMPTED)
+MIN_SEEDS = 3  # every primary runs seeds 0-2
+MORE_SEEDS = 5  # a primary whose interval is wider than the tolerance runs seeds 3 and 4 as well
+
+
+def judge(table: Table, number: str, mean: float | None, n: int, ci95: float | None,
+          at_paper_scale: bool, tuned: bool = True, failed: tuple[int, ...] = ()) -> tuple[str, str]:
+    """(verdict, why) of paper number ``number`` from its primary's ``n`` seeds (mean, 95% half-width):
+    *not attempted* (its reason; or its primary ran only at a reduced scale, or not yet), else
+    *inconclusive* (fewer than 3 seeds, or a half-width above twice the tolerance while the interval
+    still reaches the tolerance band: too few seeds to tell), else *agrees*
+    (the mean within the tolerance), else *differs, diagnosed* (the table's ``diagnosed:``: paired
+    evidence), else *differs*. The paper's number inside our interval is not agreement. ``tuned``:
+    whether the primary's ``tune:`` (if any) has been run; ``failed``: the seeds whose runs failed (a
+    primary with failed runs and no completed one *differs*: the paper's setting did not run through)."""
+    spec = table.numbers[number]
+    if spec.not_attempted is not None:
+        return NOT_ATTEMPTED, spec.not_attempted
+    cell = table.cells[table.primary_of(number)[0]]
+    if cell.tune is not None and not tuned:
+        return NOT_ATTEMPTED, (f"awaits tuning: {cell.tune.key} over {list(cell.tune.grid)} on validation data "
+                               f"(flrep tune {table.name} {cell.name})")
+    if not at_paper_scale:
+        return NOT_ATTEMPTED, "needs " + table.scales["paper"].get("needs", "the paper's scale")
+    if (mean is None or n == 0) and failed:
+        return DIFFERS, f"its runs failed (seed {', '.join(map(str, failed))}; see their logs)"
+    if mean is None or n == 0:
+        return NOT_ATTEMPTED, "declared, not run yet"
+    tol = table.tolerance if table.tolerance is not None else 1.5
+    percent = next(table.columns[col].percent for cell in table.cells.values() if cell.primary
+                   for col, ref in cell.paper.items() if ref == number)
+    allowed = tol if percent else tol / 100 * abs(spec.value)
+    if n < MIN_SEEDS:
+        return INCONCLUSIVE, f"{n} of {MIN_SEEDS} seeds"
+    if ci95 is not None and ci95 > 2 * allowed + 1e-9 and abs(mean - spec.value) - ci95 <= allowed + 1e-9:
+        return INCONCLUSIVE, f"95% interval ± {ci95:.3g}, wider than ± {2 * allowed:.3g}"
+    if abs(mean - spec.value) <= allowed + 1e-9:
+        return AGREES, ""
+    if number in table.diagnosed:
+        return DIAGNOSED, table.diagnosed[number].reason
+    return DIFFERS, table.suspected.get(number, "")
+
+
+def failed_seeds(manifest: dict) -> dict[str, tuple[int, ...]]:
+    """cell -> the seeds whose runs ``manifest`` (a ``reproduce.json``) records as failed."""
+    out: dict[str, list[int]] = {}
+    for key, record in manifest.get("runs", {}).items():
+        cell, _, seed = key.partition("/seed")
+        if record.get("status") == "failed" and seed.isdigit():
+            out.setdefault(cell, []).append(int(seed))
+    return {cell: tuple(sorted(seeds)) for cell, seeds in out.items()}
+
+
+def seeds_owed(table: Table, n: int, ci95: float | None, percent: bool, paper: float) -> int:
+    """Seeds the seed rule still asks of a primary with ``n`` seeds: 3 for every primary, 5 for one
+    whose 95% interval is wider than the tolerance."""
+    tol = table.tolerance if table.tolerance is not None else 1.5
+    allowed = tol if percent else tol / 100 * abs(paper)
+    wide = ci95 is not None and ci95 > allowed + 1e-9
+    return max(0, (MORE_SEEDS if wide else MIN_SEEDS) - n)
 
 
 def claim_results(table: Table, done: dict[str, dict[int, dict]]) -> list[dict]:
@@ -80,7 +136,8 @@ def claim_results(table: Table, done: dict[str, dict[int, dict]]) -> list[dict]:
         verdict = "not run" if not seeds else ("holds" if holds == len(seeds) else "fails")
         results.append({"text": claim.text, "verdict": verdict, "holds_in": holds, "seeds": len(seeds),
                         "statement": f"{claim.cell}.{claim.column} {claim.op} "
-                                     f"{claim.other + '.' + claim.column if claim.other else claim.value}"})
+                                     f"{claim.other + '.' + claim.column if claim.other else claim.value}"
+                                     + (f" (within {claim.within:g})" if claim.within is not None else "")})
     return results
 
 
@@ -100,7 +157,7 @@ def _fmt_difference(difference: float | None, paper: float | None, percent: bool
 
 
 def markdown(table: Table, scale: str, manifest: dict, table_rows: list[dict], claims: list[dict],
-             left_out: list[str]) -> str:
+             left_out: list[str], tunings: dict[str, dict] | None = None) -> str:
     """The generated table with its header: setting, machine, commits, differences."""
     runs = {k: r for k, r in manifest.get("runs", {}).items() if r["status"] not in ("started", "interrupted")}
     parts = [p for r in runs.values() for p in (r, *r.get("earlier_parts", [])) if "machine" in p]
@@ -118,51 +175,87 @@ def markdown(table: Table, scale: str, manifest: dict, table_rows: list[dict], c
         lines += [f"**Not counted** ({len(left_out)} completed runs; running the table again replaces them): "
                   + "; ".join(left_out) + ".", ""]
     tol = table.tolerance
-    beyond = [r for r in table_rows if r["within_tolerance"] is False]
-    if beyond:
-        lines.append(f"**Differences beyond {tol:g} points**: " + "; ".join(
-            f"{r['label']} {r['metric']} {r['difference']:+.2f}"
-            + {True: " (the paper's number lies inside our 95% interval)",
-               False: " (outside our 95% interval)", None: ""}[r["paper_in_ci95"]]
-            for r in beyond) + ". Why: see the notes.")
-        lines.append("")
-    declared = [r for r in table_rows if r["difference"] is not None and (r["cell"], r["column"]) in table.explained
-                and verdict(table, r["cell"], r["column"], table.columns[r["column"]].percent, r["mean"], r["paper"],
-                            r["n"], r["ci95"]) != "within"]
-    if declared:
-        lines.append("**Explained by the notes** (the table's `explained:`):")
-        lines += [f"- `{r['cell']}.{r['column']}`: {table.explained[(r['cell'], r['column'])]}" for r in declared]
+    primaries = [r for r in table_rows if r["role"] == "primary"]
+    if table.numbers:
+        counts = {v: sum(r["verdict"] == v for r in primaries if r["number"]) for v in VERDICTS}
+        lost = [n for n in table.numbers.values() if n.not_attempted is not None]
+        lines.append(f"**The paper's {len(table.numbers)} numbers**: " + ", ".join(
+            f"{counts[v] + (len(lost) if v == NOT_ATTEMPTED else 0)} {v}" for v in VERDICTS)
+            + ". Each is judged on its one primary cell; sensitivity rows (below) are never counted.")
         lines.append("")
     for note in table.notes:
         lines.append(f"- {note}")
     if table.notes:
         lines.append("")
-    header = "| cell | metric | ours (mean ± std over seeds) | seeds | paper | difference |" + (
-        f" within {tol:g} |" if tol is not None else "") + " paper in our 95% interval | wall time per seed |"
-    lines += [header, "|" + "---|" * (header.count("|") - 1)]
-    for r in table_rows:
-        percent = table.columns[r["column"]].percent
-        if r["mean"] is None:
-            ours = "n/a (not reported)" if r["runs"] else "not run"
-        else:
-            ours = _fmt(r["mean"], percent) + (f" ± {_fmt(r['std'], percent)}" if r["n"] > 1 else "")
-        within = {True: "yes", False: "**no**", None: "–"}[r["within_tolerance"]]
-        wall = "–" if r["wall_s_per_seed"] is None else f"{r['wall_s_per_seed'] / 60:.1f} min"
-        diff = _fmt_difference(r["difference"], r["paper"], percent)
-        interval = "–" if r["ci95"] is None else (
-            f"{'yes' if r['paper_in_ci95'] else 'no'} (± {_fmt(r['ci95'], percent)})")
-        lines.append(f"| {_cell(r['label'])} | {_cell(r['metric'])} | {ours} | {r['n']} | {_fmt(r['paper'], percent)} | {diff} |"
-                     + (f" {within} |" if tol is not None else "") + f" {interval} | {wall} |")
-    if any(r["ci95"] is not None for r in table_rows):
-        lines += ["", ("*Paper in our 95% interval*: whether the paper's number lies inside the Student-t 95% "
-                       "confidence interval of our mean over seeds (± its half-width); the paper's own run-to-run "
-                       "spread is not counted.")]
+    if table.numbers:
+        lines += ["## The paper's numbers, each on its primary cell", "",
+                  "| number | primary cell | metric | ours (mean ± std over seeds) | seeds | paper | difference "
+                  "| 95% interval | verdict |", "|---|---|---|---|---|---|---|---|---|"]
+        by_number = {r["number"]: r for r in primaries if r["number"]}
+        for number in table.numbers.values():
+            r = by_number.get(number.id)
+            if r is None:
+                lines.append(f"| {_cell(number.what)} | – | – | – | 0 | {_fmt(number.value, True)} | – | – "
+                             f"| not attempted: {_cell(number.not_attempted or '')} |")
+                continue
+            percent = table.columns[r["column"]].percent
+            why = f": {r['why']}" if r["why"] else ""
+            lines.append(f"| {_cell(number.what)} | `{r['cell']}` | {_cell(r['metric'])} | {_ours(r, percent)} "
+                         f"| {r['n']} | {_fmt(r['paper'], percent)} | "
+                         f"{_fmt_difference(r['difference'], r['paper'], percent)} | "
+                         f"{'–' if r['ci95'] is None else '± ' + _fmt(r['ci95'], percent)} | "
+                         f"**{r['verdict']}**{_cell(why)} |")
+        lines.append("")
+        evidence = [(ref, d) for ref, d in table.diagnosed.items()]
+        if evidence:
+            lines.append("**Paired evidence** (`diagnosed:`):")
+            lines += [f"- `{ref}`: {d.reason} ([evidence](../../../{d.evidence}))" for ref, d in evidence]
+            lines.append("")
+        if table.suspected:
+            lines.append("**Suspected causes** (`suspected:`; without paired evidence, the verdict stays *differs*):")
+            lines += [f"- `{ref}`: {why}" for ref, why in table.suspected.items()]
+            lines.append("")
+    for cell, record in (tunings or {}).items():
+        scores = ", ".join(f"{value}: {mean:.4f}" for value, mean in record["mean"].items())
+        lines += [f"**Tuned on validation** (`flrep tune`): `{cell}` {record['key']} = **{record['choice']}**, "
+                  f"the highest mean {record['metric']} over seeds {record['seeds']} ({scores}; "
+                  f"{record['fraction']:g} of each client's training data held out; test accuracy not read).", ""]
+    shown = [r for r in table_rows if r["role"] == "sensitivity" or not table.numbers]
+    if shown:
+        if table.numbers:
+            lines += ["## Sensitivity rows (never counted)", "",
+                      "Other settings, run to bracket or test a cause; the paper's number beside them is for "
+                      "reading only.", ""]
+        header = "| cell | metric | ours (mean ± std over seeds) | seeds | paper | difference |" + (
+            f" within {tol:g} |" if tol is not None else "") + " 95% interval | wall time per seed |"
+        lines += [header, "|" + "---|" * (header.count("|") - 1)]
+        for r in shown:
+            percent = table.columns[r["column"]].percent
+            within = {True: "yes", False: "**no**", None: "–"}[r["within_tolerance"]]
+            wall = "–" if r["wall_s_per_seed"] is None else f"{r['wall_s_per_seed'] / 60:.1f} min"
+            diff = _fmt_difference(r["difference"], r["paper"], percent)
+            interval = "–" if r["ci95"] is None else f"± {_fmt(r['ci95'], percent)}"
+            lines.append(f"| {_cell(r['label'])} | {_cell(r['metric'])} | {_ours(r, percent)} | {r['n']} | "
+                         f"{_fmt(r['paper'], percent)} | {diff} |" + (f" {within} |" if tol is not None else "")
+                         + f" {interval} | {wall} |")
+        lines.append("")
+    lines += [("*95% interval*: the half-width of the Student-t 95% confidence interval of our mean over seeds; "
+               "the paper's own run-to-run spread is not counted. A paper number inside it is not agreement.")]
     if claims:
         lines += ["", "| claim | check | verdict |", "|---|---|---|"]
         for c in claims:
             lines.append(f"| {_cell(c['text'])} | `{c['statement']}` | {c['verdict']} ({c['holds_in']}/{c['seeds']} seeds) |")
+    if table.findings:
+        lines += ["", "| finding (an analysis of the runs' models) | verdict | evidence |", "|---|---|---|"]
+        lines += [f"| {_cell(f.text)} | {f.verdict} | [{f.evidence}](../../../{f.evidence}) |" for f in table.findings]
     lines += ["", "![ours vs the paper](table.png)", ""]
     return "\n".join(lines)
+
+
+def _ours(r: dict, percent: bool) -> str:
+    if r["mean"] is None:
+        return "n/a (not reported)" if r["runs"] else "not run"
+    return _fmt(r["mean"], percent) + (f" ± {_fmt(r['std'], percent)}" if r["n"] > 1 else "")
 
 
 def _cell(text: str) -> str:
@@ -173,7 +266,7 @@ def _cell(text: str) -> str:
 def table_csv(table_rows: list[dict]) -> str:
     """The report's rows as CSV (one line per cell and column)."""
     buf = io.StringIO()
-    fields = ["cell", "label", "column", "metric", "runs", "n", "mean", "std", "paper", "difference", "within_tolerance",
+    fields = ["cell", "label", "column", "metric", "role", "number", "verdict", "why", "runs", "n", "mean", "std", "paper", "difference", "within_tolerance",
               "ci95", "paper_in_ci95", "wall_s_per_seed", "seeds"]
     writer = csv.DictWriter(buf, fieldnames=fields)
     writer.writeheader()

@@ -24,7 +24,7 @@ from flower_app.app import checkpoint
 from flower_app.run import run_dir, run_lock
 from flower_app.run.run_dir import read_summary, write_atomic
 from flower_app.run.stop_signals import Stopped, stopping_on_signals
-from flower_app.reproduction.report import claim_results, markdown, rows, table_csv
+from flower_app.reproduction.report import claim_results, failed_seeds, markdown, rows, table_csv
 from flower_app.reproduction.tables import Cell, Table
 from task.errors import ConfigError
 
@@ -38,23 +38,54 @@ class Job:
 
     cell: Cell
     seed: int
+    tuned: tuple[str, ...] = ()  # ``key=value`` that ``flrep tune`` chose for the cell (its ``tune:``)
 
     @property
     def key(self) -> str:
         return f"{self.cell.name}/seed{self.seed}"
+
+    def overrides(self, table: Table, scale: str) -> list[str]:
+        """The cell's overrides at ``scale``, then its tuned value."""
+        return [*self.cell.overrides_at(table, scale), *self.tuned]
+
+
+TUNING = "tuning"  # DIR/tuning/<cell>.json: what ``flrep tune`` chose for a cell
+
+
+def tuned_overrides(out: Path, cell: Cell) -> tuple[str, ...] | None:
+    """``(key=choice,)`` from ``out/tuning/<cell>.json`` for a cell with ``tune:``; () for a cell
+    without; None when the cell's tuning has not been run."""
+    if cell.tune is None:
+        return ()
+    path = out / TUNING / f"{cell.name}.json"
+    if not path.is_file():
+        return None
+    record = json.loads(path.read_text())
+    return (f"{cell.tune.key}={json.dumps(record['choice'])}",)
 
 
 def run_folder(out: Path, job: Job) -> Path:
     return out / "runs" / job.cell.name / f"seed{job.seed}"
 
 
-def plan(table: Table, seeds: list[int], only: list[str] | None) -> list[Job]:
-    """The table's runs: every selected cell at every seed, cell by cell."""
+def plan(table: Table, seeds: list[int], only: list[str] | None, out: Path) -> list[Job]:
+    """The table's runs: every selected cell at every seed, cell by cell. A cell whose value is
+    still to be tuned is left out (named) unless ``only`` asks for it, which is refused."""
     unknown = sorted(set(only or ()) - set(table.cells))
     if unknown:
         raise ConfigError(f"--only {unknown[0]!r}: table {table.name!r} has no such cell; cells: {', '.join(table.cells)}")
-    cells = [c for c in table.cells.values() if not only or c.name in only]
-    return [Job(cell, seed) for cell in cells for seed in seeds]
+    jobs = []
+    for cell in (c for c in table.cells.values() if not only or c.name in only):
+        tuned = tuned_overrides(out, cell)
+        if tuned is None:
+            why = (f"cell {cell.name!r} awaits its tuning of {cell.tune.key}: run `flrep tune {table.name} "
+                   f"{cell.name} --out {out}` first")
+            if only:
+                raise ConfigError(why)
+            print(f"[reproduce] {why}; left out", flush=True)
+            continue
+        jobs += [Job(cell, seed, tuned) for seed in seeds]
+    return jobs
 
 
 def machine_settings(settings: list[str]) -> list[str]:
@@ -77,9 +108,10 @@ def check(table: Table, scale: str, jobs: list[Job], out: Path, settings: list[s
     if manifest is not None and (manifest["table"], manifest["scale"]) != (table.name, scale):
         raise ConfigError(f"{out / MANIFEST}: this folder holds table {manifest['table']!r} at scale "
                           f"{manifest['scale']!r}, not {table.name!r} at {scale!r}; choose another --out")
-    for cell in {job.cell.name: job.cell for job in jobs}.values():
+    for job in {job.cell.name: job for job in jobs}.values():
+        cell = job.cell
         try:
-            load_variants(cell.experiment, [*cell.overrides_at(table, scale), *machine_settings(settings), "compare=[]"])
+            load_variants(cell.experiment, [*job.overrides(table, scale), *machine_settings(settings), "compare=[]"])
         except ConfigError as err:
             raise ConfigError(f"table {table.name!r}, cell {cell.name!r} ({cell.experiment}): {err}") from None
 
@@ -96,7 +128,7 @@ def stale_keys(table: Table, scale: str, job: Job, folder: Path) -> list[str]:
     if not path.is_file():
         return []
     saved = yaml.safe_load(path.read_text()) or {}
-    wanted = load_config(job.cell.experiment, [*job.cell.overrides_at(table, scale), f"seed={job.seed}", "compare=[]"])
+    wanted = load_config(job.cell.experiment, [*job.overrides(table, scale), f"seed={job.seed}", "compare=[]"])
     return checkpoint.config_differences(saved, wanted)
 
 
@@ -126,7 +158,7 @@ def load_manifest(out: Path) -> dict | None:
 def command(table: Table, scale: str, job: Job, folder: Path, settings: list[str] = ()) -> list[str]:
     """The ``flrep run`` command line of ``job``: resume a checkpointed run, else start it."""
     args = [sys.executable, "-m", "flower_app.cli", "run", job.cell.experiment,
-            *job.cell.overrides_at(table, scale), f"seed={job.seed}", "compare=[]", *settings]
+            *job.overrides(table, scale), f"seed={job.seed}", "compare=[]", *settings]
     if (checkpoint.checkpoint_dir(folder) / checkpoint.SERVER_FILE).is_file():
         return [*args, f"resume={folder}"]
     return [*args, "--out", str(folder), *(["--force"] if folder.exists() else [])]
@@ -139,7 +171,7 @@ def reproduce(table: Table, scale: str, seeds: list[int], only: list[str] | None
     ``retry_failed``: move failed runs aside and run them again from the start (otherwise they
     are kept: resuming a diverged run diverges again). A stop signal during a run records it as
     interrupted, then :class:`Stopped` goes on."""
-    jobs = plan(table, seeds, only)
+    jobs = plan(table, seeds, only, out)
     check(table, scale, jobs, out, settings)
     with run_lock.hold(out):  # one command per table folder (each run locks its own folder)
         return _run_jobs(table, scale, jobs, out, settings, retry_failed)
@@ -191,8 +223,10 @@ def _run_jobs(table: Table, scale: str, jobs: list[Job], out: Path, settings: li
         # every run left in the folder is of the table's revision now (older ones were moved aside):
         # record it before the run starts, so that an interrupted run keeps it
         here["commit"] = commit()  # the code this run starts with (a long table may span commits)
+        here["clean"] = here["commit"] is not None and not here["commit"].endswith("+changes")
         resumed = earlier_parts(manifest["runs"].get(job.key)) if cmd[-1].startswith("resume=") else []
-        part = {"revision": table.revision, "command": cmd[1:], "date": _now(), **here,
+        part = {"revision": table.revision, "definition": table.definition(job.cell.name, scale, job.tuned),
+                "command": cmd[1:], "date": _now(), **here,
                 **({"earlier_parts": resumed} if resumed else {})}
         manifest["runs"][job.key] = {"status": "started", **part}
         _save_manifest(out, manifest)
@@ -214,7 +248,8 @@ def _run_jobs(table: Table, scale: str, jobs: list[Job], out: Path, settings: li
         summary = read_summary(folder)
         status = (summary or {}).get("status") if code == 0 else "failed"
         manifest["runs"][job.key] = {"status": status, "exit_code": code, "wall_s": round(seconds, 1),
-                                     **part, "date": _now()}
+                                     **part, "date": _now(),
+                                     **({"source": summary["source"]} if (summary or {}).get("source") else {})}
         _save_manifest(out, manifest)
         if status != "completed":
             failed.append(job.key)
@@ -241,7 +276,7 @@ def earlier_parts(record: dict | None) -> list[dict]:
     another machine), oldest first: what the record of its resumption keeps."""
     if not record or record.get("status") not in ("started", "interrupted"):
         return []
-    part = {k: record[k] for k in ("date", "commit", "machine", "wall_s", "command") if k in record}
+    part = {k: record[k] for k in ("date", "commit", "clean", "machine", "wall_s", "command") if k in record}
     return [*record.get("earlier_parts", []), part]
 
 
@@ -304,7 +339,7 @@ def collect(table: Table, scale: str, out: Path, manifest: dict) -> tuple[dict[s
             summary = read_summary(folder)
             if not (folder.is_dir() and folder.name[4:].isdigit() and summary and summary.get("status") == "completed"):
                 continue
-            job = Job(table.cells[cell], int(folder.name[4:]))
+            job = Job(table.cells[cell], int(folder.name[4:]), tuned_overrides(out, table.cells[cell]) or ())
             why = stale_reason(table, scale, job, folder, manifest)
             if why:
                 left_out.append(f"{job.key} {why}")
@@ -316,9 +351,12 @@ def collect(table: Table, scale: str, out: Path, manifest: dict) -> tuple[dict[s
 def write_report(table: Table, scale: str, out: Path, manifest: dict) -> None:
     """``table.md``, ``table.csv`` and ``table.png`` from every completed run in ``out``."""
     done, left_out = collect(table, scale, out, manifest)
-    table_rows = rows(table, done)
+    tuned = {c for c in table.cells if table.cells[c].tune and tuned_overrides(out, table.cells[c])}
+    table_rows = rows(table, done, scale, tuned, failed_seeds(manifest))
     claims = claim_results(table, done)
-    write_atomic(out / "table.md", lambda tmp: Path(tmp).write_text(markdown(table, scale, manifest, table_rows, claims, left_out)))
+    tunings = {c: json.loads((out / TUNING / f"{c}.json").read_text()) for c in sorted(tuned)}
+    page = markdown(table, scale, manifest, table_rows, claims, left_out, tunings)
+    write_atomic(out / "table.md", lambda tmp: Path(tmp).write_text(page))
     write_atomic(out / "table.csv", lambda tmp: Path(tmp).write_text(table_csv(table_rows)))
     if any(r["n"] for r in table_rows):
         from flower_app.results.plots import plot_table

@@ -8,36 +8,51 @@ A table file declares, once, what a paper table reports and how we compute each 
     columns:                               # what each cell reports: a summary.json key
                                            # (``a.b``: entry ``b`` of the summary's mapping ``a``)
       acc: {key: personalized_accuracy, label: personalized accuracy, percent: true}
-    tolerance: 1.5                         # points (percent columns) within which ours matches
+    tolerance: 1.5                         # points (percent columns) within which ours agrees
     revision: 2                            # optional (default 1): raise it when a code change makes the
                                            # table's earlier runs wrong; they are moved aside and run again
     scales:                                # `paper`: the paper's setting; `cpu`: a declared reduction
-      paper: {note: the paper's setting, overrides: []}
+      paper: {note: the paper's setting, overrides: [], needs: "a GPU, about 4 h a run"}
       cpu: {note: 50 rounds instead of 100, overrides: [rounds=50]}
+    numbers:                               # every number the paper prints in this table, once each
+      fedrep_100x2: {value: 87.13, what: "FedRep, (100, 2)"}
+      local_100x2: {value: null, what: "Local Only, (100, 2)", not_attempted: "unreadable in our copy"}
     notes: [why a difference is expected, ...]
-    explained:                             # optional: numbers beyond the tolerance whose cause the notes
-      fedrep.acc: 5 local epochs, not 1    # measure (cell.column: a one-line reason), counted as explained
-                                           # in the index (docs/reproduction.md); notes and reasons never
-                                           # make a run stale
+    diagnosed:                             # a primary that differs, with paired evidence
+      fedrep_100x2: {evidence: docs/reproduction/evidence/x.md, reason: the official code on our data gives 84.1}
+    suspected:                             # a primary that differs: a cause not shown by paired evidence
+      fedrep_100x2: the JPEG copy          # (shown on the page; the verdict stays "differs")
     cells:
       fedrep:                              # the cell's id (``--only fedrep``, its folder)
         label: FedRep
         experiment: fedrep_cifar10_100x2   # conf/experiment/<name>.yaml
         overrides: [algorithm=fedrep]
-        paper: {acc: 87.13}                # null (or absent): not in our copy of the paper
+        primary: true                      # the paper's numbers below are judged on this cell
+        paper: {acc: fedrep_100x2}         # column -> the number's id in ``numbers``
         minutes: {paper: 10, cpu: 5}       # estimated minutes per seed on a 2-core CPU
         at: {cpu: [rounds=40]}             # optional: this cell's own overrides at a scale (after the table's)
         keys: {acc: global_accuracy}       # optional: where this cell's run reports a column under another key
         columns: [acc]                     # optional: the columns this cell reports (default: all)
+        tune: {key: fedprox.mu, grid: [0.01, 0.1, 1.0], seeds: [0]}   # optional: a value our copy lost,
+                                           # chosen by `flrep tune` on validation data (tuning/<cell>.json)
     claims:                                # optional pass/fail statements on the cells' values
       - {text: "FedAvg learns col(B*)", cell: fedavg, column: dist, op: "<", value: 0.01}
       - {text: "exact heads beat GD heads", cell: fedrep, column: dist, op: "<", other: gdgd}
+      - {text: "alpha has little effect", cell: a1, column: acc, op: "~=", other: a0, within: 1.0}
+    findings:                              # optional: claims an analysis of the runs' models checks
+      - {text: "same-class features grow more similar with tau", verdict: fails, evidence: docs/diagnostics.md}
+
+Each paper number is attached to exactly one **primary** (cell, column), or carries a
+``not_attempted`` reason and none. Every other cell is a **sensitivity** row: its ``paper:``
+shows the number beside it on the table's page, and it is never counted.
 
 Every check is made when the file is read; an error names the file and the key.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import operator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,7 +66,8 @@ from task.errors import ConfigError
 
 TABLES_DIR = CONF_DIR / "tables"
 SCALES = ("paper", "cpu")
-OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
+OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
+       "~=": lambda a, b, within=0.0: abs(a - b) <= within}  # "~=": within ``within`` of each other
 
 
 @dataclass(frozen=True)
@@ -85,15 +101,45 @@ class Cell:
     label: str
     experiment: str
     overrides: tuple[str, ...]
-    paper: dict[str, float]
+    paper: dict[str, str]  # column -> the id of the paper number shown beside it
     minutes: dict[str, float]
     at: dict[str, tuple[str, ...]]
     keys: dict[str, str] = field(default_factory=dict)  # column -> the summary key this cell reports it under
     columns: tuple[str, ...] = ()  # the columns this cell reports (the table's rows for it)
+    primary: bool = False  # its paper numbers are judged on it (else a sensitivity row, never counted)
+    tune: Tune | None = None  # a value the paper tuned and our copy lost, chosen by ``flrep tune``
 
     def overrides_at(self, table: Table, scale: str) -> list[str]:
         """The cell's overrides at ``scale``: its own, the table's scale's, the cell's at that scale."""
         return [*self.overrides, *table.scales[scale]["overrides"], *self.at.get(scale, ())]
+
+
+@dataclass(frozen=True)
+class Tune:
+    """A key whose value ``flrep tune`` chooses for a cell, on validation data, from a declared grid."""
+
+    key: str
+    grid: tuple[Any, ...]
+    seeds: tuple[int, ...] = (0,)
+
+
+@dataclass(frozen=True)
+class PaperNumber:
+    """One number the paper prints: its value (None: unreadable in our copy), what it is, and why it
+    is not attempted (None: a primary cell reproduces it)."""
+
+    id: str
+    value: float | None
+    what: str
+    not_attempted: str | None = None
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """Why a primary differs, with the paired evidence (a file) that shows it."""
+
+    reason: str
+    evidence: str
 
 
 @dataclass(frozen=True)
@@ -106,9 +152,21 @@ class Claim:
     op: str
     value: float | None = None
     other: str | None = None
+    within: float | None = None  # op "~=": the largest difference that still holds
 
     def holds(self, mine: float, theirs: float) -> bool:
+        if self.op == "~=":
+            return bool(OPS[self.op](mine, theirs, self.within))
         return bool(OPS[self.op](mine, theirs))
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A paper's claim checked outside the table's runs (an analysis of their models), with its verdict."""
+
+    text: str
+    verdict: str  # holds | fails
+    evidence: str
 
 
 @dataclass(frozen=True)
@@ -126,7 +184,33 @@ class Table:
     claims: tuple[Claim, ...] = field(default=())
     revision: int = 1  # runs recorded under an older revision no longer count
     short: str = ""  # the table's name in the index (the title when empty)
-    explained: dict[tuple[str, str], str] = field(default_factory=dict)  # (cell, column) -> why it differs
+    numbers: dict[str, PaperNumber] = field(default_factory=dict)  # every number the paper prints here
+    diagnosed: dict[str, Diagnosis] = field(default_factory=dict)  # number id -> paired evidence of a difference
+    suspected: dict[str, str] = field(default_factory=dict)  # number id -> a cause not shown by paired evidence
+    findings: tuple[Finding, ...] = ()  # claims checked by an analysis of the runs' models
+
+    def paper_value(self, cell: str, column: str) -> float | None:
+        """The paper's number shown beside ``cell``'s ``column`` (None: none, or unreadable)."""
+        ref = self.cells[cell].paper.get(column)
+        return None if ref is None else self.numbers[ref].value
+
+    def primary_of(self, number: str) -> tuple[str, str] | None:
+        """The primary (cell, column) of paper number ``number``, None when it has none."""
+        return next(((c.name, col) for c in self.cells.values() if c.primary
+                     for col, ref in c.paper.items() if ref == number), None)
+
+    def at_paper_scale(self, cell: str, scale: str) -> bool:
+        """Whether ``cell`` run at ``scale`` is the paper's setting (the scale is ``paper``, or a
+        scale whose overrides are the paper's for this cell)."""
+        c = self.cells[cell]
+        return scale == "paper" or c.overrides_at(self, scale) == c.overrides_at(self, "paper")
+
+    def definition(self, cell: str, scale: str, tuned: tuple[str, ...] = ()) -> str:
+        """A short hash of what ``cell`` runs at ``scale``: experiment, overrides (and the ``tuned``
+        value), the table's revision."""
+        c = self.cells[cell]
+        text = json.dumps([c.experiment, [*c.overrides_at(self, scale), *tuned], self.revision])
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
 
     def minutes(self, scale: str, cells: list[str] | None = None) -> float:
         """Estimated minutes of one seed of ``cells`` (all by default) at ``scale``."""
@@ -176,6 +260,10 @@ def _parse(name: str, raw: Any, path: Path) -> Table:
     unknown = set(scales) - set(SCALES)
     if unknown:
         raise ConfigError(f"{path}: scales.{sorted(unknown)[0]} is not a scale; expected {', '.join(SCALES)}")
+    numbers = _numbers(raw.get("numbers"), path)
+    if "needs" in scales["paper"] and not isinstance(scales["paper"]["needs"], str):
+        raise ConfigError(f"{path}: scales.paper.needs is {scales['paper']['needs']!r}; expected what the paper's "
+                          "scale needs (a string)")
     known_experiments = set(experiment_names())
     cells = {}
     for c, spec in need(raw, "cells", "", dict).items():
@@ -184,11 +272,23 @@ def _parse(name: str, raw: Any, path: Path) -> Table:
         if experiment not in known_experiments:
             raise ConfigError(f"{path}: {where}experiment={experiment!r} is not a file in conf/experiment/")
         paper = spec.get("paper") or {}
-        for col, value in paper.items():
+        for col, ref in paper.items():
             if col not in columns:
                 raise ConfigError(f"{path}: {where}paper.{col} is not a column ({', '.join(columns)})")
-            if value is not None and not isinstance(value, (int, float)):
-                raise ConfigError(f"{path}: {where}paper.{col} is {value!r}; expected a number or null")
+            if ref not in numbers:
+                raise ConfigError(f"{path}: {where}paper.{col} is {ref!r}; expected the id of one of the table's "
+                                  f"numbers{did_you_mean(str(ref), list(numbers))}")
+        primary = spec.get("primary", False)
+        if not isinstance(primary, bool):
+            raise ConfigError(f"{path}: {where}primary is {primary!r}; expected true or false")
+        tune = spec.get("tune")
+        if tune is not None:
+            if (not isinstance(tune, dict) or set(tune) - {"key", "grid", "seeds"} or not isinstance(tune.get("key"), str)
+                    or not isinstance(tune.get("grid"), list) or len(tune["grid"]) < 2
+                    or not all(isinstance(s, int) for s in tune.get("seeds", [0]))):
+                raise ConfigError(f"{path}: {where}tune is {tune!r}; expected {{key: <a config key>, grid: [two or "
+                                  "more values], seeds: [ints, optional]}")
+            tune = Tune(tune["key"], tuple(tune["grid"]), tuple(tune.get("seeds", [0])))
         minutes = spec.get("minutes") or {}
         if set(minutes) - set(SCALES) or not all(isinstance(m, (int, float)) for m in minutes.values()):
             raise ConfigError(f"{path}: {where}minutes is {minutes!r}; expected numbers under {', '.join(SCALES)}")
@@ -206,15 +306,17 @@ def _parse(name: str, raw: Any, path: Path) -> Table:
                               f"({', '.join(columns)}) that holds every column of its paper and keys")
         cells[c] = Cell(c, str(spec.get("label", c)), experiment,
                         tuple(_strings(spec.get("overrides", []), f"{where}overrides", path)),
-                        {k: float(v) for k, v in paper.items() if v is not None},
-                        {k: float(v) for k, v in minutes.items()},
+                        dict(paper), {k: float(v) for k, v in minutes.items()},
                         {s: tuple(_strings(v, f"{where}at.{s}", path)) for s, v in at.items()}, dict(keys),
-                        tuple(c for c in columns if c in reported))
+                        tuple(c for c in columns if c in reported), primary, tune)
+    _check_primaries(numbers, cells, path)
     claims = []
     for i, spec in enumerate(raw.get("claims") or []):
         where = f"claims[{i}]."
         claim = Claim(need(spec, "text", where), need(spec, "cell", where), need(spec, "column", where),
-                      need(spec, "op", where), spec.get("value"), spec.get("other"))
+                      need(spec, "op", where), spec.get("value"), spec.get("other"), spec.get("within"))
+        if (claim.op == "~=") != isinstance(claim.within, (int, float)):
+            raise ConfigError(f"{path}: {where} op '~=' needs within: <the largest difference>, and only it")
         for cell in (claim.cell, claim.other):
             if cell is not None and cell not in cells:
                 raise ConfigError(f"{path}: {where} names cell {cell!r}; cells: {', '.join(cells)}")
@@ -230,19 +332,79 @@ def _parse(name: str, raw: Any, path: Path) -> Table:
     revision = raw.get("revision", 1)
     if isinstance(revision, bool) or not isinstance(revision, int) or revision < 1:
         raise ConfigError(f"{path}: revision is {revision!r}; expected a whole number >= 1")
-    explained = {}
-    if not isinstance(raw.get("explained") or {}, dict):
-        raise ConfigError(f"{path}: explained is {raw['explained']!r}; expected a mapping of cell.column to a reason")
-    for key, why in (raw.get("explained") or {}).items():
-        cell, _, column = str(key).partition(".")
-        if cell not in cells or column not in cells[cell].paper or not isinstance(why, str) or not why.strip():
-            raise ConfigError(f"{path}: explained.{key} needs a key cell.column of a cell with a paper number "
-                              "in that column, and a reason")
-        explained[(cell, column)] = why.strip()
+    if "explained" in raw:
+        raise ConfigError(f"{path}: explained is no longer a key: a primary that differs is `diagnosed:` (with "
+                          "paired evidence) or `suspected:` (a cause without it)")
+    diagnosed = {}
+    for ref, spec in _mapping(raw, "diagnosed", path).items():
+        if (ref not in numbers or not isinstance(spec, dict) or set(spec) != {"reason", "evidence"}
+                or not all(isinstance(v, str) and v.strip() for v in spec.values())):
+            raise ConfigError(f"{path}: diagnosed.{ref} needs the id of one of the table's numbers and "
+                              "{reason: ..., evidence: <a file of the paired evidence>}")
+        diagnosed[ref] = Diagnosis(spec["reason"].strip(), spec["evidence"].strip())
+    suspected = {}
+    for ref, why in _mapping(raw, "suspected", path).items():
+        if ref not in numbers or not isinstance(why, str) or not why.strip():
+            raise ConfigError(f"{path}: suspected.{ref} needs the id of one of the table's numbers and a reason")
+        suspected[ref] = why.strip()
+    findings = []
+    for i, spec in enumerate(raw.get("findings") or []):
+        if (not isinstance(spec, dict) or set(spec) != {"text", "verdict", "evidence"}
+                or spec["verdict"] not in ("holds", "fails")):
+            raise ConfigError(f"{path}: findings[{i}] needs {{text, verdict: holds | fails, evidence: <a file>}}")
+        findings.append(Finding(str(spec["text"]), spec["verdict"], str(spec["evidence"])))
     return Table(name, need(raw, "title", ""), need(raw, "source", ""), columns, cells,
                  {s: scales[s] for s in SCALES}, None if tolerance is None else float(tolerance),
                  tuple(str(n) for n in raw.get("notes") or ()), tuple(claims), revision,
-                 str(raw.get("short") or ""), explained)
+                 str(raw.get("short") or ""), numbers, diagnosed, suspected, tuple(findings))
+
+
+def _mapping(raw: dict, key: str, path: Path) -> dict:
+    value = raw.get(key) or {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{path}: {key} is {value!r}; expected a mapping of number ids")
+    return value
+
+
+def _numbers(raw: Any, path: Path) -> dict[str, PaperNumber]:
+    """The table's ``numbers:``: id -> {value, what, not_attempted}."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: numbers is {raw!r}; expected a mapping of ids to {{value, what}}")
+    out = {}
+    for ref, spec in raw.items():
+        where = f"{path}: numbers.{ref}"
+        if not isinstance(spec, dict) or set(spec) - {"value", "what", "not_attempted"} or "what" not in spec:
+            raise ConfigError(f"{where} is {spec!r}; expected {{value: <number or null>, what: <text>, "
+                              "not_attempted: <reason, optional>}")
+        value, reason = spec.get("value"), spec.get("not_attempted")
+        if isinstance(value, bool) or not (value is None or isinstance(value, (int, float))):
+            raise ConfigError(f"{where}.value is {value!r}; expected a number, or null when our copy has none")
+        if reason is not None and (not isinstance(reason, str) or not reason.strip()):
+            raise ConfigError(f"{where}.not_attempted is {reason!r}; expected a reason")
+        if value is None and reason is None:
+            raise ConfigError(f"{where}.value is null: a number our copy lost needs a not_attempted reason")
+        out[str(ref)] = PaperNumber(str(ref), None if value is None else float(value), str(spec["what"]),
+                                    None if reason is None else reason.strip())
+    return out
+
+
+def _check_primaries(numbers: dict[str, PaperNumber], cells: dict[str, Cell], path: Path) -> None:
+    """Each paper number on exactly one primary (cell, column), unless it is not attempted (then on none)."""
+    primaries: dict[str, list[str]] = {}
+    for cell in cells.values():
+        for col, ref in cell.paper.items():
+            if cell.primary:
+                primaries.setdefault(ref, []).append(f"{cell.name}.{col}")
+    for ref, number in numbers.items():
+        found = primaries.get(ref, [])
+        if number.not_attempted is not None and found:
+            raise ConfigError(f"{path}: numbers.{ref} is not attempted ({number.not_attempted}) but primary "
+                              f"{found[0]} reports it; drop one")
+        if number.not_attempted is None and len(found) != 1:
+            raise ConfigError(f"{path}: numbers.{ref} needs exactly one primary cell.column (or a not_attempted "
+                              f"reason); it has {len(found)}" + (f": {', '.join(found)}" if found else ""))
 
 
 def _strings(value: Any, where: str, path: Path) -> list[str]:
