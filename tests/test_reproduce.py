@@ -376,6 +376,22 @@ def test_the_report_leaves_out_completed_runs_of_an_older_revision_and_names_the
             "revision 1 of the table, which is now at revision 2.") in md
 
 
+def test_a_run_from_a_tree_with_uncommitted_changes_is_not_counted(tiny, tmp_path):
+    """Its code cannot be traced to a commit: the report leaves it out, and running the table again
+    moves it aside and runs it from a clean tree."""
+    table = load_table("tiny")
+    _fake_run(tmp_path, "a", 0, 0.40)
+    _fake_run(tmp_path, "a", 1, 0.50)
+    record = {"status": "completed", "date": "2026-11-25T00:00:00+00:00",
+              "machine": {"processor": "x86_64", "cpu_count": 2, "cuda": None}}
+    write_report(table, "cpu", tmp_path, {"table": "tiny", "scale": "cpu", "runs": {
+        "a/seed0": {**record, "commit": "abc+changes"}, "a/seed1": {**record, "commit": "abc", "clean": True}}})
+    md = (tmp_path / "table.md").read_text()
+    assert "| A | accuracy | 50.00 | 1 |" in md
+    assert ("a/seed0 was run from a tree with uncommitted changes (abc+changes): its code cannot be named"
+            in md)
+
+
 def test_a_recorded_run_missing_from_the_folder_is_named_not_counted_and_run_again(tiny, tmp_path, capsys,
                                                                                    monkeypatch):
     """A table continued where some of its recorded runs are not (made on another machine, the

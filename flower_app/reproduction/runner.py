@@ -134,14 +134,17 @@ def stale_keys(table: Table, scale: str, job: Job, folder: Path) -> list[str]:
 
 def stale_reason(table: Table, scale: str, job: Job, folder: Path, manifest: dict) -> str | None:
     """Why the run in ``folder`` no longer belongs to its cell (None: it does, or there is none):
-    other settings, or a table revision older than the table's now (a run recorded without one
-    is revision 1)."""
+    other settings, a table revision older than the table's now (a run recorded without one
+    is revision 1), or code with uncommitted changes (the run cannot be traced to a commit)."""
     differing = stale_keys(table, scale, job, folder)
     if differing:
         return f"was run with other values of {', '.join(differing[:6])}"
-    revision = manifest["runs"].get(job.key, {}).get("revision", 1)
+    record = manifest["runs"].get(job.key, {})
+    revision = record.get("revision", 1)
     if run_dir.run_files(folder) and revision < table.revision:
         return f"was run for revision {revision} of the table, which is now at revision {table.revision}"
+    if run_dir.run_files(folder) and (str(record.get("commit")).endswith("+changes") or record.get("clean") is False):
+        return f"was run from a tree with uncommitted changes ({record.get('commit')}): its code cannot be named"
     return None
 
 
