@@ -183,6 +183,10 @@ def markdown(table: Table, scale: str, manifest: dict, table_rows: list[dict], c
             f"{counts[v] + (len(lost) if v == NOT_ATTEMPTED else 0)} {v}" for v in VERDICTS)
             + ". Each is judged on its one primary cell; sensitivity rows (below) are never counted.")
         lines.append("")
+    if table.says:
+        lines += ["## What our primaries say about the paper's claims", ""]
+        lines += [f"- {said}" for said in table.says]
+        lines += ["", "## Notes", ""]
     for note in table.notes:
         lines.append(f"- {note}")
     if table.notes:
@@ -224,8 +228,8 @@ def markdown(table: Table, scale: str, manifest: dict, table_rows: list[dict], c
     if shown:
         if table.numbers:
             lines += ["## Sensitivity rows (never counted)", "",
-                      "Other settings, run to bracket or test a cause; the paper's number beside them is for "
-                      "reading only.", ""]
+                      "Other settings, run to bracket or test a cause, and cells whose paper number our copy "
+                      "lost; a paper number beside them is for reading only.", ""]
         header = "| cell | metric | ours (mean ± std over seeds) | seeds | paper | difference |" + (
             f" within {tol:g} |" if tol is not None else "") + " 95% interval | wall time per seed |"
         lines += [header, "|" + "---|" * (header.count("|") - 1)]

@@ -18,6 +18,7 @@ A table file declares, once, what a paper table reports and how we compute each 
       fedrep_100x2: {value: 87.13, what: "FedRep, (100, 2)"}
       local_100x2: {value: null, what: "Local Only, (100, 2)", not_attempted: "unreadable in our copy"}
     notes: [why a difference is expected, ...]
+    says: [what the primaries say about the paper's own claims, ...]
     diagnosed:                             # a primary that differs, with paired evidence
       fedrep_100x2: {evidence: docs/reproduction/evidence/x.md, reason: the official code on our data gives 84.1}
     suspected:                             # a primary that differs: a cause not shown by paired evidence
@@ -188,6 +189,7 @@ class Table:
     diagnosed: dict[str, Diagnosis] = field(default_factory=dict)  # number id -> paired evidence of a difference
     suspected: dict[str, str] = field(default_factory=dict)  # number id -> a cause not shown by paired evidence
     findings: tuple[Finding, ...] = ()  # claims checked by an analysis of the runs' models
+    says: tuple[str, ...] = ()  # what the primaries say about the paper's own claims
 
     def paper_value(self, cell: str, column: str) -> float | None:
         """The paper's number shown beside ``cell``'s ``column`` (None: none, or unreadable)."""
@@ -356,7 +358,8 @@ def _parse(name: str, raw: Any, path: Path) -> Table:
     return Table(name, need(raw, "title", ""), need(raw, "source", ""), columns, cells,
                  {s: scales[s] for s in SCALES}, None if tolerance is None else float(tolerance),
                  tuple(str(n) for n in raw.get("notes") or ()), tuple(claims), revision,
-                 str(raw.get("short") or ""), numbers, diagnosed, suspected, tuple(findings))
+                 str(raw.get("short") or ""), numbers, diagnosed, suspected, tuple(findings),
+                 tuple(str(x) for x in raw.get("says") or ()))
 
 
 def _mapping(raw: dict, key: str, path: Path) -> dict:
