@@ -19,6 +19,7 @@ ARRAYS = "arrays"
 CONFIG = "config"
 METRICS = "metrics"
 NUM_EXAMPLES = "num-examples"
+VALIDATION_ACCURACY = "validation_accuracy"  # an evaluation reply's accuracy on the validation part
 
 
 @dataclass
@@ -42,6 +43,7 @@ class ClientRuntime:
     run_id: int = 0
     node_id: int = 0
     state_dir: str | None = None  # the node config's state-dir: all state on disk, surviving restarts
+    validation: TensorData | None = None  # the held-out part of the training data (data.validation_fraction)
 
     def optimizer(self, server_round: int, lr: float | None = None) -> OptimizerConfig:
         """The client optimizer of ``server_round``: its learning rate is ``round_lr`` (the one
@@ -134,13 +136,16 @@ class ClientRuntime:
         return ArrayRecord({k: state[k].detach().cpu() for k in keys})
 
     def evaluate_local(self, config: ConfigRecord | None = None) -> dict[str, float]:
-        """Loss and accuracy of the current model on this client's local test split; for a
+        """Loss and accuracy of the current model on this client's local test split, and its
+        accuracy on the validation part when the client holds one (``validation_accuracy``); for a
         fair model also class and adversary ROC-AUC, and the post-fit check when the
         round's config asks for it (``postfit``)."""
         res = evaluate(self.model, self.test, int(self.cfg.eval.batch_size), self.regression)
         out = {"loss": res.loss, NUM_EXAMPLES: float(res.num_examples)}
         if res.accuracy is not None:
             out["accuracy"] = res.accuracy
+        if self.validation is not None and len(self.validation) and not self.regression:
+            out[VALIDATION_ACCURACY] = evaluate(self.model, self.validation, int(self.cfg.eval.batch_size)).accuracy
         if isinstance(self.model, FairMLP):
             out.update(fairness_metrics(self.model, self.test, ATTRIBUTES))
             if config is not None and config.get("postfit", False):

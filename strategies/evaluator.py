@@ -27,6 +27,8 @@ class ServerEvaluator:
         fast_layout(self.model, [self.test])
         self._pooled: tuple[tuple[int, ...], TensorData] | None = None
         self._scores: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        self._validation: TensorData | None = None
+        self._validation_hits: torch.Tensor | None = None  # per held-out sample, for the loaded model
 
     def split(self, idx: np.ndarray) -> TensorData:
         """The test samples ``idx`` (of the server's test set) on the device."""
@@ -37,6 +39,7 @@ class ServerEvaluator:
         """Copy ``arrays`` (a subset of the model's state is allowed) into the model."""
         self.model.load_state_dict(arrays.to_torch_state_dict(), strict=False)
         self._scores = None
+        self._validation_hits = None
 
     def _score(self, idx: np.ndarray) -> EvalResult:
         """Loss and accuracy of the loaded model on the test samples ``idx``. Every sample of the
@@ -62,6 +65,21 @@ class ServerEvaluator:
                 acc[pid] = res.accuracy
             loss[pid] = res.loss
         return acc, loss
+
+    def per_client_validation(self, pids: list[int]) -> dict[int, float]:
+        """Accuracy of the loaded model on each client's validation part (``data.validation_fraction``;
+        empty when the clients hold none, or for regression)."""
+        if not self.fed.validating or self.regression:
+            return {}
+        if self._validation is None:  # every client's held-out samples, in partition order, built once
+            held = np.concatenate(self.fed.client_validation)
+            train = self.fed.bundle.train
+            self._validation = TensorData.from_arrays(train.x[held], train.y[held], self.test.y.device)
+        if self._validation_hits is None:
+            self._validation_hits = sample_scores(self.model, self._validation, self.batch, False)[1]
+        bounds = np.cumsum([0] + [len(v) for v in self.fed.client_validation])
+        return {pid: float(self._validation_hits[bounds[pid]:bounds[pid + 1]].double().mean())
+                for pid in pids if bounds[pid + 1] > bounds[pid]}
 
     def representation_metrics(self, arrays: ArrayRecord, pids: tuple[int, ...], global_model: bool) -> dict:
         """dist(B, B*) of a linear body; the global-loss gradient norm for a global model."""

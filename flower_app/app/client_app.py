@@ -118,6 +118,7 @@ def runtime_for(context: Context, content: RecordDict | None = None) -> ClientRu
     index = 0 if data_path or one_client else pid
     train_idx = torch.as_tensor(fed.client_train[index], device=device)
     test_idx = torch.as_tensor(fed.client_test[index], device=device)
+    validation = train.subset(torch.as_tensor(fed.client_validation[index], device=device)) if fed.validating else None
     return ClientRuntime(
         cfg=cfg,
         partition_id=pid,
@@ -132,6 +133,7 @@ def runtime_for(context: Context, content: RecordDict | None = None) -> ClientRu
         run_id=int(context.run_id),
         node_id=int(context.node_id),
         state_dir=str(context.node_config["state-dir"]) if "state-dir" in context.node_config else None,
+        validation=validation,
     )
 
 

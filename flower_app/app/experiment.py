@@ -33,7 +33,7 @@ from flower_app.results.tracking import Tracker
 from protocols import PROTOCOLS
 from strategies import ALGORITHMS
 from strategies.base import Algorithm, ServerHooks
-from strategies.common import failure_fields, fmt
+from strategies.common import VALIDATION_ACCURACY, failure_fields, fmt
 from strategies.evaluator import ServerEvaluator
 from strategies.services import TRAIN_PHASE
 from task.data.sampling import sample_clients
@@ -147,9 +147,11 @@ class Experiment:
             scores = self.strategy.evaluate_on_server(t, self.arrays, self.data.global_test, client_idx)
         if scores is not None:  # the strategy scores its own (non-model) arrays, e.g. TCT's stage 2
             record["global_accuracy"], record["global_loss"] = scores["global_accuracy"], scores["global_loss"]
-            accs, losses, failed = scores["accuracy"], scores["loss"], {}
+            accs, losses, held, failed = scores["accuracy"], scores["loss"], {}, {}
         else:
-            accs, losses, failed = self._evaluate_model(t, fed, pids, record)
+            accs, losses, held, failed = self._evaluate_model(t, fed, pids, record)
+        if self.data.validating:  # the tuning metric (flrep tune), never the test accuracy
+            record["personalized_validation_accuracy"] = float(np.mean(list(held.values()))) if held else None
         spread = client_spread(accs.values()) if accs else {}
         record.update(
             personalized_accuracy=spread.get("mean"),
@@ -161,9 +163,11 @@ class Experiment:
         )
         return record
 
-    def _evaluate_model(self, t: int, fed: Federation, pids: list[int], record: dict) -> tuple[dict, dict, dict[int, str]]:
-        """Global metrics of the server's model into ``record``; personalized accuracy and loss
-        per client (on the server, or by the clients when the algorithm or a protocol needs it)."""
+    def _evaluate_model(self, t: int, fed: Federation, pids: list[int],
+                        record: dict) -> tuple[dict, dict, dict, dict[int, str]]:
+        """Global metrics of the server's model into ``record``; personalized accuracy, loss and
+        validation accuracy per client (on the server, or by the clients when the algorithm or a
+        protocol needs it), and the failed clients."""
         if self.algorithm.shared_keys is not None and self.strategy.has_global_model(t):
             with self.timer.phase("round: server evaluation"):
                 self.evaluator.load(self.arrays)
@@ -179,12 +183,14 @@ class Experiment:
                                                              NodeSubset(self.grid, fed.nodes(pids))))
             replies, failed = self.services.send(messages, "evaluate")
             accs, losses = self.services.metric_of(replies, "accuracy"), self.services.metric_of(replies, "loss")
+            held = self.services.metric_of(replies, VALIDATION_ACCURACY)
         else:
             with self.timer.phase("round: server evaluation"):
                 accs, losses = self.evaluator.per_client(pids)
+                held = self.evaluator.per_client_validation(pids)
         for protocol in self.protocols:
             protocol.on_evaluate(t, record, replies, self.services)
-        return accs, losses, failed
+        return accs, losses, held, failed
 
     def should_evaluate(self, t: int) -> bool:
         cfg = self.cfg
@@ -364,6 +370,9 @@ class Experiment:
             "timings": self.timer.as_dict(),
             "out_dir": str(self.out_dir),
         }
+        if self.data.validating:
+            summary["validation_fraction"] = float(cfg.data.validation_fraction)
+            summary["validation_accuracy"] = final("personalized_validation_accuracy")
         summary.update(self.traffic.as_dict())
         summary["params_by_phase"] = dict(self.traffic.by_phase)
         summary["source"] = executed_sources(PROJECT_DIR)

@@ -220,7 +220,8 @@ def markdown(table: Table, scale: str, manifest: dict, table_rows: list[dict], c
             lines += [f"- `{ref}`: {why}" for ref, why in table.suspected.items()]
             lines.append("")
     for cell, record in (tunings or {}).items():
-        scores = ", ".join(f"{value}: {mean:.4f}" for value, mean in record["mean"].items())
+        scores = ", ".join(f"{value}: " + ("failed" if mean is None else f"{mean:.4f}")
+                           for value, mean in record["mean"].items())
         lines += [f"**Tuned on validation** (`flrep tune`): `{cell}` {record['key']} = **{record['choice']}**, "
                   f"the highest mean {record['metric']} over seeds {record['seeds']} ({scores}; "
                   f"{record['fraction']:g} of each client's training data held out; test accuracy not read).", ""]

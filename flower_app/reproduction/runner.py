@@ -61,6 +61,12 @@ def tuned_overrides(out: Path, cell: Cell) -> tuple[str, ...] | None:
     if not path.is_file():
         return None
     record = json.loads(path.read_text())
+    declared = {"key": cell.tune.key, "grid": list(cell.tune.grid), "seeds": list(cell.tune.seeds),
+                "fraction": cell.tune.fraction}
+    differing = [k for k, v in declared.items() if record.get(k) != v]
+    if differing:
+        raise ConfigError(f"{path}: made for another tune: of cell {cell.name!r} ({', '.join(differing)} differ); "
+                          "move it aside and run `flrep tune` again")
     return (f"{cell.tune.key}={json.dumps(record['choice'])}",)
 
 

@@ -35,7 +35,8 @@ A table file declares, once, what a paper table reports and how we compute each 
         keys: {acc: global_accuracy}       # optional: where this cell's run reports a column under another key
         columns: [acc]                     # optional: the columns this cell reports (default: all)
         tune: {key: fedprox.mu, grid: [0.01, 0.1, 1.0], seeds: [0]}   # optional: a value our copy lost,
-                                           # chosen by `flrep tune` on validation data (tuning/<cell>.json)
+                                           # chosen by `flrep tune` on validation data (tuning/<cell>.json);
+                                           # also fraction: the share held out (default 0.2)
     claims:                                # optional pass/fail statements on the cells' values
       - {text: "FedAvg learns col(B*)", cell: fedavg, column: dist, op: "<", value: 0.01}
       - {text: "exact heads beat GD heads", cell: fedrep, column: dist, op: "<", other: gdgd}
@@ -122,6 +123,7 @@ class Tune:
     key: str
     grid: tuple[Any, ...]
     seeds: tuple[int, ...] = (0,)
+    fraction: float = 0.2  # the share of each client's training data held out (data.validation_fraction)
 
 
 @dataclass(frozen=True)
@@ -285,12 +287,15 @@ def _parse(name: str, raw: Any, path: Path) -> Table:
             raise ConfigError(f"{path}: {where}primary is {primary!r}; expected true or false")
         tune = spec.get("tune")
         if tune is not None:
-            if (not isinstance(tune, dict) or set(tune) - {"key", "grid", "seeds"} or not isinstance(tune.get("key"), str)
+            fraction = tune.get("fraction", 0.2) if isinstance(tune, dict) else None
+            if (not isinstance(tune, dict) or set(tune) - {"key", "grid", "seeds", "fraction"}
+                    or not isinstance(tune.get("key"), str)
                     or not isinstance(tune.get("grid"), list) or len(tune["grid"]) < 2
-                    or not all(isinstance(s, int) for s in tune.get("seeds", [0]))):
+                    or not all(isinstance(s, int) for s in tune.get("seeds", [0]))
+                    or not isinstance(fraction, float) or not 0 < fraction < 1):
                 raise ConfigError(f"{path}: {where}tune is {tune!r}; expected {{key: <a config key>, grid: [two or "
-                                  "more values], seeds: [ints, optional]}")
-            tune = Tune(tune["key"], tuple(tune["grid"]), tuple(tune.get("seeds", [0])))
+                                  "more values], seeds: [ints, optional], fraction: <in (0, 1), optional, 0.2>}")
+            tune = Tune(tune["key"], tuple(tune["grid"]), tuple(tune.get("seeds", [0])), fraction)
         minutes = spec.get("minutes") or {}
         if set(minutes) - set(SCALES) or not all(isinstance(m, (int, float)) for m in minutes.values()):
             raise ConfigError(f"{path}: {where}minutes is {minutes!r}; expected numbers under {', '.join(SCALES)}")

@@ -83,6 +83,7 @@ class DataConfig:
     shards_per_client: int = positive()
     shard_size: Optional[int] = positive()
     test_per_client: Optional[int] = positive()
+    validation_fraction: float = below_one()
     split_seed: int = MISSING
     test_fraction: float = fraction()
     femnist_classes: one_of(FEMNIST_CLASS_MODES) = MISSING  # type: ignore[valid-type]

@@ -30,6 +30,10 @@ Config keys (under ``data.``; the source and partition keys are documented in
     from the whole train / test sets and rotated by ``quarter_turns`` × 90°
     (:func:`rotated_device`); the other ``num_clients - 1`` partitions split the data as
     configured. ``FederatedData.online_device`` is its id.
+``validation_fraction``
+    Float in ``[0, 1)``, default 0: the share of each client's training samples held out as its
+    validation part (:mod:`task.data.validation`; ``FederatedData.client_validation``), after the
+    partition: ``client_train`` is then the part the client trains on. 0 changes nothing.
 ``test_per_client``
     Null (default) or int >= 1: local test-set size per client. Null means proportional,
     ``round(len(test) / len(train) * len(train_i))``. Local test sets have the client's
@@ -64,6 +68,7 @@ from task.data.datasets.bundle import ArrayData
 from task.data.datasets.images import ImageArray
 from task.errors import ConfigError
 from task.data.class_shards import class_shard_test_split
+from task.data.validation import split_clients, validation_fraction
 from task.data.partition import (
     group_test_split,
     matched_test_split,
@@ -94,10 +99,16 @@ class FederatedData:
     global_test: np.ndarray
     new_clients: list[int]
     online_device: int | None = None
+    client_validation: list[np.ndarray] = dataclasses.field(default_factory=list)  # empty: no validation split
 
     @property
     def num_clients(self) -> int:
         return len(self.client_train)
+
+    @property
+    def validating(self) -> bool:
+        """Whether the clients hold out a validation part of their training data."""
+        return bool(self.client_validation)
 
 
 def label_counts(fed: FederatedData) -> np.ndarray | None:
@@ -141,7 +152,7 @@ def source_key(data_cfg: Mapping) -> str:
     ignore = {"partition", "classes_per_client", "class_assignment_mode", "dirichlet_alpha", "min_partition_size",
               "dirichlet_self_balancing", "shards_per_client", "shard_size", "num_new_clients", "test_per_client",
               "new_client_classes", "new_client_classes_per_client", "new_client_train_size", "new_client_test_size",
-              "online_device"}
+              "online_device", "validation_fraction"}
     if plain.get("name") not in ("synthetic_linear", "synthetic_quadratic"):
         ignore.add("num_clients")
     return json.dumps({k: v for k, v in plain.items() if k not in ignore}, sort_keys=True)
@@ -260,6 +271,7 @@ def _build_cached(key: str) -> FederatedData:
             f"data.num_new_clients={num_new} is invalid: expected an integer in [0, data.num_clients={num_clients})"
         )
     per_client = get_int(data_cfg, "test_per_client", None, lo=1)
+    fraction = validation_fraction(data_cfg)
     scheme = partition_scheme(data_cfg)
     cache_dir = cache_dir_from_cfg(data_cfg)
 
@@ -267,7 +279,8 @@ def _build_cached(key: str) -> FederatedData:
 
     digest = hashlib.sha256(
         json.dumps(
-            {"v": _PARTITION_CACHE_VERSION, "cfg": data_cfg, "seed": seed, "labels": _labels_fingerprint(bundle)},
+            {"v": _PARTITION_CACHE_VERSION, "cfg": {k: v for k, v in data_cfg.items() if k != "validation_fraction"},
+             "seed": seed, "labels": _labels_fingerprint(bundle)},
             sort_keys=True,
         ).encode()
     ).hexdigest()
@@ -305,6 +318,9 @@ def _build_cached(key: str) -> FederatedData:
                                                      int(online.get("quarter_turns", 1)), seed)
         client_train, client_test = client_train + [train_idx], client_test + [test_idx]
         online_pid = len(client_train) - 1
+    client_validation = []
+    if fraction > 0:
+        client_train, client_validation = split_clients(client_train, fraction, seed)
     return FederatedData(
         bundle=bundle,
         client_train=client_train,
@@ -312,6 +328,7 @@ def _build_cached(key: str) -> FederatedData:
         global_test=test_keep.astype(np.int64),
         new_clients=list(range(num_clients - num_new, num_clients)),
         online_device=online_pid,
+        client_validation=client_validation,
     )
 
 

@@ -25,7 +25,7 @@ from task.data.datasets.images import ImageArray
 from task.data.federated_data import FederatedData, _canonical, build_federated_data
 from task.errors import ConfigError
 
-FORMAT = 1
+FORMAT = 2  # 2: a one-client federation carries its validation part
 
 
 def take(split: ArrayData, idx: np.ndarray) -> ArrayData:
@@ -37,12 +37,17 @@ def take(split: ArrayData, idx: np.ndarray) -> ArrayData:
 
 
 def one_client(fed: FederatedData, pid: int) -> FederatedData:
-    """Client ``pid`` of ``fed`` as a federation of one client holding exactly its samples."""
+    """Client ``pid`` of ``fed`` as a federation of one client holding exactly its samples (its
+    training part, then its validation part when ``fed`` has a validation split)."""
     bundle = fed.bundle
-    own = DataBundle(take(bundle.train, fed.client_train[pid]), take(bundle.test, fed.client_test[pid]),
-                     bundle.num_classes, bundle.input_shape, bundle.task, bundle.meta)
-    return FederatedData(own, [np.arange(len(own.train))], [np.arange(len(own.test))],
-                         global_test=np.arange(0), new_clients=[])
+    train = fed.client_train[pid]
+    held = fed.client_validation[pid] if fed.validating else train[:0]
+    own = DataBundle(take(bundle.train, np.concatenate([train, held]) if fed.validating else train),
+                     take(bundle.test, fed.client_test[pid]), bundle.num_classes, bundle.input_shape, bundle.task,
+                     bundle.meta)
+    validation = [np.arange(len(train), len(train) + len(held))] if fed.validating else []
+    return FederatedData(own, [np.arange(len(train))], [np.arange(len(own.test))],
+                         global_test=np.arange(0), new_clients=[], client_validation=validation)
 
 
 def _source_stamp(data_cfg: Mapping) -> list:
