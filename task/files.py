@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import errno
 import os
+import pickle
+import re
 from pathlib import Path
 from typing import NoReturn
 
@@ -70,6 +72,29 @@ def append_line(path: Path, line: str) -> None:
             fail_cleanly(err, path)
     finally:
         os.close(fd)
+
+
+class UnsafeFile(ValueError):
+    """A torch file that holds Python objects other than tensors, arrays and plain data."""
+
+
+def load_torch(path: Path) -> object:
+    """``torch.load`` of a file flrep wrote, with ``weights_only=True``: tensors, numpy arrays and plain
+    data load; any other Python object (a crafted pickle that would run code) raises :class:`UnsafeFile`
+    naming the file and the object, and nothing of it runs."""
+    import numpy as np
+    import torch
+
+    multiarray = np._core.multiarray if hasattr(np, "_core") else np.core.multiarray
+    dtypes = [t for t in vars(np.dtypes).values() if isinstance(t, type) and issubclass(t, np.dtype)]
+    try:
+        with torch.serialization.safe_globals([multiarray._reconstruct, np.ndarray, np.dtype, *dtypes]):
+            return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as err:
+        found = re.search(r"GLOBAL (\S+)", str(err))
+        raise UnsafeFile(f"{path}: refused: it holds a Python object that loading would run "
+                         f"({found.group(1) if found else 'not a tensor, array or plain data'}), so it was not "
+                         "written by flrep; load only files you made") from None
 
 
 def save_torch_atomic(obj: object, path: Path) -> None:

@@ -12,6 +12,7 @@ from flower_app.run.config import load_variants, variants_from_run_config
 from flower_app.app.server_app import Experiment, preflight, run_variants
 from strategies.common import ARRAYS
 from task.errors import ConfigError
+from task.files import load_torch
 from tests.local_grid import LocalGrid
 
 BASE = ("wandb.enabled=false compare=[] data.num_clients=6 train.fraction=0.5 rounds=5 eval.every=1 "
@@ -120,7 +121,7 @@ def test_a_checkpoint_written_before_a_key_existed_resumes_at_that_keys_default(
     common = f"{BASE} algorithm=fedavg rounds=2 finetune.enabled=true finetune.part=full finetune.epochs=1"
     _run(LocalGrid, f"{common} out_dir={tmp_path / 'run'}")
     path = tmp_path / "run" / "checkpoint" / "server.pt"
-    state = torch.load(path, weights_only=False)
+    state = load_torch(path)
     del state["config"]["finetune"]["prox_mu"], state["config"]["fedprox"]  # as written before they existed
     torch.save(state, path)
     with pytest.raises(ConfigError, match=r"resume=.*other values of finetune\.prox_mu; "):

@@ -27,7 +27,7 @@ from flwr.app import ArrayRecord
 from omegaconf import DictConfig, OmegaConf
 
 from task.errors import ConfigError
-from task.files import save_torch_atomic
+from task.files import UnsafeFile, load_torch, save_torch_atomic
 
 SERVER_FILE = "server.pt"
 #: The layout of ``server.pt``; a checkpoint of another format is refused, never guessed at.
@@ -73,7 +73,9 @@ def read(run_dir: Path, key: str) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"{key}: no checkpoint there (expected {path})")
     try:
-        state = torch.load(path, weights_only=False)
+        state = load_torch(path)
+    except UnsafeFile as err:
+        raise ConfigError(f"{key}: {err}") from None
     except Exception as err:  # noqa: BLE001 - a truncated or foreign file: name it
         raise ConfigError(f"{key}: {path} cannot be read ({type(err).__name__}: {err}); "
                           "it is truncated or not a flrep checkpoint") from None

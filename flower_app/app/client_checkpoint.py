@@ -21,7 +21,6 @@ import time
 from logging import INFO, WARNING
 from pathlib import Path
 
-import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 from flwr.clientapp.typing import ClientAppCallable
 from flwr.common.logger import log
@@ -31,7 +30,7 @@ from flower_app.app.timing import stamp
 from strategies import ALGORITHMS
 from strategies.common import CONFIG
 from strategies.state_store import in_simulation, node_home, safe_name
-from task.files import save_torch_atomic
+from task.files import load_torch, save_torch_atomic
 
 LOCATION = "flrep-checkpoint"  # context.state entry: where this node's snapshots go
 KEEP = 2
@@ -148,7 +147,7 @@ def restore_snapshot(context: Context, variant: str, server_round: int) -> int |
     if not rounds:
         return None
     found = max(rounds)
-    saved = torch.load(folder / f"round{found:06d}.pt", weights_only=False)
+    saved = load_torch(folder / f"round{found:06d}.pt")
     for key, entry in saved["entries"].items():
         if "arrays" in entry:
             context.state[key] = ArrayRecord(entry["arrays"])

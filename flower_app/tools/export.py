@@ -25,6 +25,7 @@ from omegaconf import OmegaConf
 from flower_app.app import checkpoint
 from flower_app.run.run_dir import read_summary
 from task.errors import ConfigError
+from task.files import load_torch
 
 #: The layout of ``model.pt``.
 FORMAT = 1
@@ -103,7 +104,7 @@ def load_model(path: Path) -> tuple[torch.nn.Module, dict[str, Any]]:
     from task.learning.models import build_model
 
     try:
-        saved = torch.load(Path(path).expanduser(), weights_only=False)
+        saved = load_torch(Path(path).expanduser())
     except Exception as err:  # noqa: BLE001 - name the file
         raise ConfigError(f"{path}: cannot be read as a flrep model file ({type(err).__name__}: {err})") from None
     if not isinstance(saved, dict) or saved.get("format") != FORMAT:
