@@ -23,10 +23,10 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg, Strategy
-from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 from omegaconf import DictConfig
 
 from strategies.common import ARRAYS, METRICS, ClientRuntime
+from strategies.flower_compat import checked_replies, weighted_average
 from task.learning.split_model import SplitModel
 
 if TYPE_CHECKING:
@@ -65,12 +65,12 @@ class WeightedAverage(FedAvg):
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         if self.aggregation == "examples":
             return super().aggregate_train(server_round, replies)
-        valid, _ = self._check_and_log_replies(replies, is_train=True)
+        valid, _ = checked_replies(replies, is_train=True, weighted_by_key=self.weighted_by_key)
         if not valid:
             return None, None
         contents = [RecordDict({**m.content, METRICS: MetricRecord({**m.content[METRICS], self.weighted_by_key: 1.0})})
                     for m in valid]
-        return (aggregate_arrayrecords(contents, self.weighted_by_key),
+        return (weighted_average(contents, self.weighted_by_key),
                 self.train_metrics_aggr_fn(contents, self.weighted_by_key))
 
 

@@ -46,6 +46,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Strategy
 from omegaconf import MISSING, DictConfig
 
+from strategies.flower_compat import checked_replies
 from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, register
 from strategies.checks import nonnegative, positive, require
 from strategies.common import ARRAYS, CONFIG, NUM_EXAMPLES, ClientRuntime, reply, round_config
@@ -117,7 +118,7 @@ class FedMTLServer(ServerHooks, FedAvg):
         return messages
 
     def _keep_columns(self, replies: Iterable[Message]) -> list[Message]:
-        valid, _ = self._check_and_log_replies(replies, is_train=True)
+        valid, _ = checked_replies(replies, is_train=True, weighted_by_key=self.weighted_by_key)
         for m in valid:
             self.columns[m.metadata.src_node_id] = m.content[ARRAYS]
         return valid

@@ -34,6 +34,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 from omegaconf import MISSING, DictConfig
 
+from strategies.flower_compat import checked_replies
 from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, WeightedAverage, all_keys, register
 from strategies.checks import below_one, positive, require
 from strategies.common import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, ClientRuntime, reply, round_config
@@ -123,7 +124,7 @@ class L2GDServer(ServerHooks, WeightedAverage):
             if arrays is not None:
                 self.average_round = server_round
             return arrays, metrics
-        valid, _ = self._check_and_log_replies(replies, is_train=True, validate=False)
+        valid, _ = checked_replies(replies, is_train=True)
         contents = [m.content for m in valid if METRICS in m.content]
         return None, (self.train_metrics_aggr_fn(contents, self.weighted_by_key) if contents else None)
 

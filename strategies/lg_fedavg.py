@@ -56,6 +56,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from strategies.flower_compat import messages_to
 from strategies.checks import nonnegative, positive, require
 from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, WeightedAverage, all_keys, register
 from strategies.common import ARRAYS, CONFIG, NUM_EXAMPLES, ClientRuntime, best_over_rounds, reply, round_config
@@ -219,8 +220,7 @@ class LGFedAvg(ServerHooks, WeightedAverage):
         config[PHASE] = "lg" if self.lg_phase(server_round) else "fedavg"
         config["server-round"] = server_round
         if config[PHASE] == "fedavg":
-            return self._construct_messages(RecordDict({ARRAYS: arrays, CONFIG: config}), list(grid.get_node_ids()),
-                                            message_type)
+            return messages_to(RecordDict({ARRAYS: arrays, CONFIG: config}), grid.get_node_ids(), message_type)
         shared = ArrayRecord({k: arrays[k] for k in arrays if k in self.global_part})
         messages = []
         for node in grid.get_node_ids():

@@ -25,6 +25,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Strategy
 from omegaconf import MISSING, DictConfig
 
+from strategies.flower_compat import checked_replies, messages_to
 from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, register
 from strategies.common import CONFIG, METRICS, NUM_EXAMPLES, ClientRuntime, best_over_rounds, reply, round_config
 from strategies.services import Services
@@ -55,12 +56,12 @@ class LocalOnly(ServerHooks, FedAvg):
         nodes = list(grid.get_node_ids())
         if self.all_clients and self.services is not None:
             nodes += [n for n in self.services.nodes(self.services.trainable) if n not in nodes]
-        return self._construct_messages(record, nodes, MessageType.TRAIN)
+        return messages_to(record, nodes, MessageType.TRAIN)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        valid, _ = self._check_and_log_replies(replies, is_train=True, validate=False)
+        valid, _ = checked_replies(replies, is_train=True)
         contents = [m.content for m in valid if METRICS in m.content]
         if not contents:
             return None, None

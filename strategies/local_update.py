@@ -32,6 +32,7 @@ from flwr.serverapp.strategy import FedAvg, FedAvgM, Strategy
 from omegaconf import MISSING, DictConfig
 from torch.func import functional_call
 
+from strategies.flower_compat import checked_replies
 from strategies.checks import nonnegative, one_of, positive, require
 from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, all_keys, register
 from strategies.common import ARRAYS, METRICS, NUM_EXAMPLES, ClientRuntime, reply, round_config
@@ -188,7 +189,7 @@ class PseudoGradientAverage(ServerHooks, FedAvg):
     def average(self, replies: Iterable[Message]) -> MetricRecord | None:
         """Set ``pseudo_gradient`` to q_t of the valid replies; their aggregated metrics (None
         when no reply carries arrays)."""
-        valid, _ = self._check_and_log_replies(replies, is_train=True, validate=False)
+        valid, _ = checked_replies(replies, is_train=True)
         valid = [m for m in valid if ARRAYS in m.content]
         self.pseudo_gradient = None
         if not valid or self._sent is None:

@@ -30,6 +30,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Strategy
 from omegaconf import MISSING, DictConfig
 
+from strategies.flower_compat import checked_replies
 from strategies.checks import positive, require
 from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, all_keys, register
 from strategies.common import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, ClientRuntime, reply, round_config
@@ -92,7 +93,7 @@ class Scaffold(ServerHooks, FedAvg):
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        valid, _ = self._check_and_log_replies(replies, is_train=True, validate=False)
+        valid, _ = checked_replies(replies, is_train=True)
         valid = [m for m in valid if ARRAYS in m.content and CONTROL in m.content]
         if not valid or self._sent is None:
             return None, None
