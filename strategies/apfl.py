@@ -66,7 +66,8 @@ def mixing_weight(rt: ClientRuntime) -> float:
 
 
 def train_apfl(rt: ClientRuntime, content: RecordDict) -> RecordDict:
-    """w and the kept v side by side on the same batches; send w, keep v (and α when adaptive)."""
+    """w and the kept v side by side on the same batches; send w, keep v and α (α goes up only with
+    ``apfl.report_alpha``)."""
     config = round_config(content)
     server_round = int(config["server-round"])
     rt.load(content[ARRAYS])
@@ -84,7 +85,8 @@ def train_apfl(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     keep_arrays(rt, PERSONAL, personal.state_dict())
     if rt.cfg.apfl.adaptive:
         keep_arrays(rt, MIXING_WEIGHT, {"alpha": torch.tensor([alpha])})
-    return reply(rt.arrays(), train_loss=result.mean_loss, local_steps=result.steps, alpha=alpha,
+    reported = {"alpha": alpha} if rt.cfg.apfl.report_alpha else {}  # α is private unless the user opts in
+    return reply(rt.arrays(), train_loss=result.mean_loss, local_steps=result.steps, **reported,
                  **{NUM_EXAMPLES: len(rt.train)})
 
 
@@ -104,6 +106,7 @@ class APFLConfig:
     adaptive: bool = MISSING  # the APFL paper's adaptive α (per client) instead of a fixed one
     variant: Literal["paper", "official"] = MISSING  # Algorithm 1's step of v, or the official LocalUpdateAPFL's
     start: one_of(PERSONAL_STARTS) = MISSING  # type: ignore[valid-type]  # a client's first v
+    report_alpha: bool = MISSING  # send each client's α up in its train metrics (it stays on the client by default)
 
 
 def check(cfg: DictConfig) -> None:

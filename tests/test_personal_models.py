@@ -79,10 +79,18 @@ def test_an_apfl_step_descends_the_loss_of_the_mixture_and_of_the_global_model(a
     want_w = objective_step(rt, w, lambda x: loss_at(rt, x), lr)
     for k in w:
         torch.testing.assert_close(torch.as_tensor(sent[ARRAYS][k].numpy()), want_w[k], rtol=1e-5, atol=1e-6)
-    alpha = float(sent["metrics"]["alpha"])
-    assert alpha == pytest.approx(float(want["alpha"]) if adaptive else 0.6, abs=1e-6)
+    assert "alpha" not in sent["metrics"]  # α stays on the client unless apfl.report_alpha
     assert abs(float(want["alpha"]) - 0.6) > 1e-4  # the step moves α: the adaptive check can fail
-    assert (kept_arrays(rt, apfl.MIXING_WEIGHT) is not None) == adaptive
+    kept = kept_arrays(rt, apfl.MIXING_WEIGHT)
+    assert (kept is not None) == adaptive
+    alpha = float(kept["alpha"]) if adaptive else apfl.mixing_weight(rt)
+    assert alpha == pytest.approx(float(want["alpha"]) if adaptive else 0.6, abs=1e-6)
+
+
+def test_apfl_reports_alpha_only_when_asked():
+    rt = make_runtime("apfl", [*ONE_FULL_BATCH_STEP, "apfl.alpha=0.6", "apfl.adaptive=true", "apfl.report_alpha=true"])
+    sent = apfl.train_apfl(rt, message(rt, params(rt.model)))
+    assert float(sent["metrics"]["alpha"]) == pytest.approx(float(kept_arrays(rt, apfl.MIXING_WEIGHT)["alpha"]))
 
 
 def test_apfl_evaluates_the_mixture_of_its_own_model_and_the_received_one():
