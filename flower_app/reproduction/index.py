@@ -350,7 +350,8 @@ def markdown(every: list[Row], parts: list[PaperPart] = ()) -> str:
         lines += [f"| {_link(r, f'`{r.table.name}`')} | {text} | **{verdict}** ({held}) |"
                   for r, (text, verdict, held) in claimed]
     lines += ["", "## What the papers print", "",
-              "Every part of the five papers with result numbers (`conf/papers.yaml`), and where ours are.", "",
+              "Every part of the five papers with result numbers (`conf/papers.yaml`), and where ours are. "
+              "What counts as a printed number, table by table: [the inventory](reproduction/inventory.md).", "",
               "| paper | part | numbers | ours |", "|---|---|---|---|"]
     for p in parts:
         target = next((_link(r) for r in every if r.table.name == p.table), "")
@@ -358,6 +359,7 @@ def markdown(every: list[Row], parts: list[PaperPart] = ()) -> str:
     lines += ["", "## Links", "",
               "- [How the tables are made](reproduction/how_it_works.md): the protocol, `flrep reproduce`, "
               "`flrep tune`, resuming, what is committed, when runs go stale.",
+              "- [The inventory](reproduction/inventory.md): how the printed numbers are counted.",
               "- Evidence behind the diagnoses: [reproduction/evidence/](reproduction/evidence/).",
               "- `flrep reproduce --list`: every table with its cells and cost on a 2-core CPU.",
               "- Results without a seeded table: [analyses](analyses.md).", ""]
