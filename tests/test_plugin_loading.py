@@ -65,6 +65,58 @@ def test_a_plugin_runs_on_real_supernodes(user_folder):
     _completed(out, result)
 
 
+PROBE = """
+from flwr.app import ConfigRecord, RecordDict
+from flwr.serverapp.strategy import FedAvg
+
+from strategies import ALGORITHMS, Algorithm, register
+from strategies.base import TAKE_ALL_NODES, ServerHooks, all_keys
+from strategies.common import CONFIG, METRICS, reply
+from strategies.flower_compat import messages_to
+
+
+class ProbedFedAvg(ServerHooks, FedAvg):
+    def __init__(self):
+        super().__init__(**TAKE_ALL_NODES)
+        self.answers, self.failed, self.expected = {}, {}, {}
+
+    def on_start(self, services):
+        record = RecordDict({CONFIG: ConfigRecord({"variant": services.cfg.label})})
+        replies, self.failed = services.send(messages_to(record, services.nodes(services.trainable), "query.trainsize"),
+                                             "probe")
+        self.answers = {str(int(r.content[METRICS]["pid"])): int(r.content[METRICS]["n"]) for r in replies}
+        self.expected = {str(pid): n for pid, n in services.train_sizes.items()}
+
+    def summary_extra(self, records):
+        return {"probe_answers": self.answers, "probe_failed": {str(k): v for k, v in self.failed.items()},
+                "probe_expected": self.expected}
+
+
+def train_size(rt, content):
+    return reply(None, pid=rt.partition_id, n=len(rt.train))
+
+
+register(Algorithm(name="fedavg_probe", description="FedAvg that asks each client its training size first",
+                   make_strategy=lambda cfg: ProbedFedAvg(), shared_keys=all_keys,
+                   handlers={"train": ALGORITHMS["fedavg"].handlers["train"], "query.trainsize": train_size}))
+"""
+
+
+def test_a_plugins_query_handler_answers_on_real_supernodes(user_folder):
+    """A SuperNode's ClientApp process imports the app before it reads the run's configuration,
+    so before the plug-in: the plug-in's ``query.trainsize`` must still be routed to its handler."""
+    (user_folder / "fedavg_probe.py").write_text(PROBE)
+    out = user_folder / "out"
+    result = _flrep(["deploy", "--nodes", "2", "quickstart", "plugins=[fedavg_probe]", "algorithm=fedavg_probe",
+                     "compare=[]", "wandb.enabled=false", "eval.final_window=1", "rounds=1", "train.fraction=1.0",
+                     "--out", str(out)], user_folder, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["probe_failed"] == {}
+    assert sorted(summary["probe_answers"]) == ["0", "1"]
+    assert summary["probe_answers"] == summary["probe_expected"]
+
+
 def test_a_plugin_that_cannot_be_imported_stops_the_run_before_start_up(user_folder):
     out = user_folder / "out"
     start = time.monotonic()

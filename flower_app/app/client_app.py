@@ -11,6 +11,7 @@ import copy
 import functools
 import time
 import zlib
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -208,6 +209,26 @@ def _message_types() -> set[str]:
     return kinds
 
 
-for _kind in sorted(_message_types()):
-    _category, _, _action = _kind.partition(".")
-    getattr(app, _category)(_action or DEFAULT_ACTION)(_route)
+_routed: set[str] = set()
+
+
+def route_message_types() -> None:
+    """Route every message type an algorithm or a protocol answers to :func:`_route` (the ones
+    already routed stay as they are)."""
+    for kind in sorted(_message_types() - _routed):
+        category, _, action = kind.partition(".")
+        getattr(app, category)(action or DEFAULT_ACTION)(_route)
+        _routed.add(kind)
+
+
+@app.lifespan()
+def plugins_routed(context: Context) -> Iterator[None]:
+    """Before Flower dispatches a message: load the run's plug-ins (by reading its configuration)
+    and route the message types they answer, such as a plug-in's ``query.<action>``."""
+    if "experiment" in context.run_config:
+        run_config_of(context.run_config)
+    route_message_types()
+    yield
+
+
+route_message_types()
