@@ -14,6 +14,7 @@ from flwr.app import Message
 from omegaconf import DictConfig
 
 from strategies.base import ClientFn
+from strategies.common import ModelTraining
 from strategies.services import Services
 
 
@@ -27,6 +28,11 @@ class PaperProtocol:
 
     def check(self, cfg: DictConfig) -> None:
         """Rules on the merged config (raise ConfigError naming the key)."""
+
+    def client_training(self, cfg: DictConfig) -> ModelTraining | None:
+        """On the clients: the local objective that replaces plain SGD in runs of ``cfg`` (the fair
+        model's), or None."""
+        return None
 
     def active(self, services: Services) -> bool:
         """Whether this run uses the protocol."""

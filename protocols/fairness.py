@@ -10,16 +10,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from flwr.app import Message
+from flwr.app import ConfigRecord, Message
 from omegaconf import MISSING, DictConfig
 
 from protocols.base import PaperProtocol
 from strategies import ALGORITHMS
 from strategies.checks import nonnegative, require
+from strategies.common import ClientRuntime
 from strategies.services import Services
-from task.learning.fairness import ATTRIBUTES
+from task.learning.engine import TrainResult
+from task.learning.fairness import ATTRIBUTES, fairness_metrics, postfit_adversary_auc, train_fair
 from task.learning.metrics import final_window_mean
 from task.learning.models import FairMLP
+
+FAIR_MODEL = "adult_fair"  # the model whose clients train with FairTraining
 
 #: Per-client fairness metrics (client replies) averaged over clients each evaluated round.
 FAIR_METRICS = ("class_auc", *(f"{kind}_auc_{a}" for kind in ("adversary", "postfit") for a in ATTRIBUTES))
@@ -35,6 +39,28 @@ class FairConfig:
     postfit_epochs: int = nonnegative()  # the final post-fit adversary's epochs
 
 
+class FairTraining:
+    """The fair model's local objective on a client (LG-FedAvg Section 3.3): the classifier's loss,
+    minus λ times a local adversary's loss with ``fair.adversarial``; its test metrics add class
+    and adversary ROC-AUC, and the post-fit check when the round's config asks for it (``postfit``)."""
+
+    def train(self, rt: ClientRuntime, config: ConfigRecord, lr: float | None, salt: int) -> TrainResult:
+        server_round = int(config["server-round"])
+        return train_fair(rt.model, rt.train, rt.optimizer(server_round, lr), int(rt.cfg.train.batch_size),
+                          rt.generator(server_round, salt), int(rt.cfg.train.local_epochs),
+                          list(rt.cfg.fair.lambdas), bool(rt.cfg.fair.adversarial))
+
+    def test_metrics(self, rt: ClientRuntime, config: ConfigRecord | None) -> dict[str, float]:
+        out = fairness_metrics(rt.model, rt.test, ATTRIBUTES)
+        if config is not None and config.get("postfit", False):
+            server_round = int(config["server-round"])
+            out.update(postfit_adversary_auc(
+                rt.model, rt.train, rt.test, ATTRIBUTES, rt.optimizer(server_round),
+                int(rt.cfg.train.batch_size), int(rt.cfg.fair.postfit_epochs),
+                rt.generator(server_round, salt=0xFA1)))
+        return out
+
+
 class Fairness(PaperProtocol):
     """Fairness metrics of a fair model, from the clients' evaluation replies."""
 
@@ -43,10 +69,17 @@ class Fairness(PaperProtocol):
     section = "fair"
 
     def check(self, cfg: DictConfig) -> None:
+        fair = [n for n, a in ALGORITHMS.items() if a.trains_fair_model]
+        require(cfg.model.name != FAIR_MODEL or ALGORITHMS[cfg.algorithm].trains_fair_model, "model.name",
+                f"{FAIR_MODEL} trains with its own objective, which algorithm={cfg.algorithm} does not run; "
+                f"algorithms that train it: {', '.join(fair)}")
         local = [n for n, a in ALGORITHMS.items() if a.local_representation]
         require(not cfg.fair.adversarial or ALGORITHMS[cfg.algorithm].local_representation, "fair.adversarial",
                 f"the adversarial penalty trains local representations (algorithm={', '.join(local)}), not "
                 f"'{cfg.algorithm}': a global model cannot be trained against a local adversary (LG-FedAvg Section 5.3)")
+
+    def client_training(self, cfg: DictConfig) -> FairTraining | None:
+        return FairTraining() if cfg.model.name == FAIR_MODEL else None
 
     def active(self, services: Services) -> bool:
         return isinstance(services.model, FairMLP)

@@ -110,8 +110,7 @@ class APFLConfig:
 
 
 def check(cfg: DictConfig) -> None:
-    """APFL trains whole models with plain SGD: not the fair model's adversarial training."""
-    require(cfg.model.name != "adult_fair", "algorithm", "apfl does not train model.name=adult_fair (fair training)")
+    """The adaptive α is the paper's variant's."""
     require(not (cfg.apfl.adaptive and cfg.apfl.variant == "official"), "apfl.adaptive",
             "the official LocalUpdateAPFL has a fixed alpha: adaptive needs apfl.variant=paper")
 

@@ -235,6 +235,8 @@ class Algorithm:
     - ``load_personal``: what a client puts over the received global arrays before +FT (FedPer,
       FedRep: its own head, as the official FedRep code's final round; Local-only: its own model); None: nothing.
     - ``local_representation``: whether clients keep a local representation (fair adversarial training needs one).
+    - ``trains_fair_model``: whether its clients train ``model.name=adult_fair`` with the fair objective
+      (:class:`protocols.fairness.FairTraining`, whole local epochs of the whole model); refused for the others.
     - ``snapshot_after``: message types after which the client's state is snapshotted (resume).
     - ``new_test_best``: whether its clients can answer New Test with the whole model of their
       best Local Test evaluation (``new_test.models=best``: the official main_local.py's
@@ -258,6 +260,7 @@ class Algorithm:
     supports_finetune: bool = False
     load_personal: Callable[[ClientRuntime], object] | None = None
     local_representation: bool = False
+    trains_fair_model: bool = False
     snapshot_after: frozenset[str] = field(default_factory=lambda: frozenset({"train", "evaluate"}))
     new_test_best: bool = False
     description: str = ""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -11,8 +12,6 @@ from omegaconf import DictConfig
 
 from task.learning.engine import OptimizerConfig, TensorData, TrainResult, seeded_generator, train
 from task.learning.inference import evaluate
-from task.learning.fairness import ATTRIBUTES, fairness_metrics, postfit_adversary_auc, train_fair
-from task.learning.models import FairMLP
 from task.learning.split_model import SplitModel
 
 ARRAYS = "arrays"
@@ -20,6 +19,17 @@ CONFIG = "config"
 METRICS = "metrics"
 NUM_EXAMPLES = "num-examples"
 VALIDATION_ACCURACY = "validation_accuracy"  # an evaluation reply's accuracy on the validation part
+
+
+class ModelTraining(Protocol):
+    """A model's own local objective, from a paper protocol (:meth:`protocols.base.PaperProtocol.client_training`):
+    it replaces plain SGD in :meth:`ClientRuntime.local_training` and adds to its test metrics."""
+
+    def train(self, rt: ClientRuntime, config: ConfigRecord, lr: float | None, salt: int) -> TrainResult:
+        """The configured local epochs of the whole model under this objective."""
+
+    def test_metrics(self, rt: ClientRuntime, config: ConfigRecord | None) -> dict[str, float]:
+        """Metrics of the current model on ``rt.test`` beyond loss and accuracy."""
 
 
 @dataclass
@@ -44,6 +54,7 @@ class ClientRuntime:
     node_id: int = 0
     state_dir: str | None = None  # the node config's state-dir: all state on disk, surviving restarts
     validation: TensorData | None = None  # the held-out part of the training data (data.validation_fraction)
+    model_training: ModelTraining | None = None  # a protocol's own local objective (e.g. the fair model's), else SGD
 
     def optimizer(self, server_round: int, lr: float | None = None) -> OptimizerConfig:
         """The client optimizer of ``server_round``: its learning rate is ``round_lr`` (the one
@@ -82,12 +93,11 @@ class ClientRuntime:
         (SCAFFOLD); ``salt`` gives a second training of the same round its own shuffling."""
         t = self.cfg.train
         server_round = int(config["server-round"])
-        if isinstance(self.model, FairMLP):
+        if self.model_training is not None:
             if params is not None or prox_mu or t.local_steps is not None or grad_correction is not None:
-                raise ValueError("fair training (model adult_fair) runs whole local epochs of the whole model")
-            return train_fair(self.model, self.train, self.optimizer(server_round, lr), int(t.batch_size),
-                              self.generator(server_round, salt), int(t.local_epochs),
-                              list(self.cfg.fair.lambdas), bool(self.cfg.fair.adversarial))
+                raise ValueError(f"model.name={self.cfg.model.name} trains with its own objective: whole local "
+                                 "epochs of the whole model, without a proximal term or gradient correction")
+            return self.model_training.train(self, config, lr, salt)
         return train(
             self.model,
             self.train,
@@ -137,23 +147,16 @@ class ClientRuntime:
 
     def evaluate_local(self, config: ConfigRecord | None = None) -> dict[str, float]:
         """Loss and accuracy of the current model on this client's local test split, and its
-        accuracy on the validation part when the client holds one (``validation_accuracy``); for a
-        fair model also class and adversary ROC-AUC, and the post-fit check when the
-        round's config asks for it (``postfit``)."""
+        accuracy on the validation part when the client holds one (``validation_accuracy``), and
+        the metrics of the model's own objective (``model_training``), if it has one."""
         res = evaluate(self.model, self.test, int(self.cfg.eval.batch_size), self.regression)
         out = {"loss": res.loss, NUM_EXAMPLES: float(res.num_examples)}
         if res.accuracy is not None:
             out["accuracy"] = res.accuracy
         if self.validation is not None and len(self.validation) and not self.regression:
             out[VALIDATION_ACCURACY] = evaluate(self.model, self.validation, int(self.cfg.eval.batch_size)).accuracy
-        if isinstance(self.model, FairMLP):
-            out.update(fairness_metrics(self.model, self.test, ATTRIBUTES))
-            if config is not None and config.get("postfit", False):
-                server_round = int(config["server-round"])
-                out.update(postfit_adversary_auc(
-                    self.model, self.train, self.test, ATTRIBUTES, self.optimizer(server_round),
-                    int(self.cfg.train.batch_size), int(self.cfg.fair.postfit_epochs),
-                    self.generator(server_round, salt=0xFA1)))
+        if self.model_training is not None:
+            out.update(self.model_training.test_metrics(self, config))
         return out
 
 

@@ -25,7 +25,7 @@ from flwr.serverapp.strategy import Strategy
 from omegaconf import MISSING, DictConfig
 
 from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, WeightedAverage, all_keys, register
-from strategies.checks import nonnegative, one_of, require
+from strategies.checks import nonnegative, one_of
 from strategies.common import ARRAYS, NUM_EXAMPLES, ClientRuntime, reply, round_config
 from strategies.state_store import PERSONAL_STARTS, keep_arrays, load_kept_model
 from task.learning.engine import PROX_PULLS
@@ -78,11 +78,6 @@ class DittoConfig:
     start: one_of(PERSONAL_STARTS) = MISSING  # type: ignore[valid-type]  # a client's first v
 
 
-def check(cfg: DictConfig) -> None:
-    """Ditto pulls toward w with plain SGD: not the fair model's adversarial training."""
-    require(cfg.model.name != "adult_fair", "algorithm", "ditto does not train model.name=adult_fair (fair training)")
-
-
 ALGORITHM = register(Algorithm(
     name="ditto",
     description="personal models regularised toward a FedAvg global model (Li et al. 2021)",
@@ -90,5 +85,4 @@ ALGORITHM = register(Algorithm(
     handlers={"train": train_ditto, "evaluate": evaluate_personal},
     shared_keys=all_keys,
     config=DittoConfig,
-    check=check,
 ))

@@ -188,4 +188,5 @@ ALGORITHM = register(Algorithm(
     config=FedAvgConfig,
     server_opts=SERVER_OPTS,
     supports_finetune=True,
+    trains_fair_model=True,
 ))

@@ -180,9 +180,8 @@ class L2GDConfig:
 
 
 def check(cfg: DictConfig) -> None:
-    """p > 0 (some aggregation) and no fair adversarial training."""
+    """p > 0 (some aggregation)."""
     require(float(cfg.l2gd.p) > 0, "l2gd.p", f"must be in (0, 1): 0 never aggregates, got {cfg.l2gd.p}")
-    require(cfg.model.name != "adult_fair", "algorithm", "l2gd does not train model.name=adult_fair (fair training)")
 
 
 ALGORITHM = register(Algorithm(

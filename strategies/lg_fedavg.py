@@ -387,6 +387,7 @@ ALGORITHM = register(Algorithm(
     check=check,
     check_model=check_model,
     local_representation=True,
+    trains_fair_model=True,
     snapshot_after=frozenset({"train", "evaluate", SELECT}),
     new_test_best=True,
 ))

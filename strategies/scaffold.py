@@ -31,7 +31,7 @@ from flwr.serverapp.strategy import FedAvg, Strategy
 from omegaconf import MISSING, DictConfig
 
 from strategies.flower_compat import checked_replies
-from strategies.checks import positive, require
+from strategies.checks import positive
 from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, all_keys, register
 from strategies.common import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, ClientRuntime, reply, round_config
 from strategies.state_store import keep_arrays, kept_arrays
@@ -195,12 +195,6 @@ class ScaffoldConfig:
     weighting: Literal["uniform", "examples"] = MISSING  # π_i: 1/N or n_i/n
 
 
-def check(cfg: DictConfig) -> None:
-    """What SCAFFOLD cannot train."""
-    require(cfg.model.name != "adult_fair", "algorithm", "the fair model trains with its own adversary step and no "
-            "gradient correction: use lg_fedavg or fedavg")
-
-
 ALGORITHM = register(Algorithm(
     name="scaffold",
     description="control variates that correct the clients' drift (Karimireddy et al. 2020)",
@@ -208,6 +202,5 @@ ALGORITHM = register(Algorithm(
     handlers={"train": scaffold_train},
     shared_keys=all_keys,
     config=ScaffoldConfig,
-    check=check,
     supports_finetune=True,
 ))

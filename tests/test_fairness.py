@@ -8,8 +8,10 @@ import pytest
 import torch
 from torch.nn import functional as F
 
+from flower_app.cli import main as flrep
 from flower_app.run.config import load_variants
 from flower_app.app.server_app import run_variants
+from strategies import ALGORITHMS
 from strategies.common import ARRAYS
 from task.data.datasets.adult import load_adult
 from task.learning.engine import OptimizerConfig, TensorData
@@ -110,6 +112,26 @@ def test_postfit_check_finds_an_attribute_the_representation_carries():
 def test_adversarial_penalty_is_for_lg_fedavg_only():
     with pytest.raises(ConfigError, match="fair.adversarial"):
         load_variants("lg_fair_adult", ["algorithm=fedavg", "compare=[]"])
+
+
+@pytest.mark.parametrize("algorithm", sorted(n for n, a in ALGORITHMS.items() if not a.trains_fair_model))
+def test_the_fair_model_is_refused_for_an_algorithm_that_does_not_declare_it(algorithm):
+    with pytest.raises(ConfigError, match=rf"model.name: adult_fair .*algorithm={algorithm} does not run"):
+        load_variants("lg_fair_adult", [f"algorithm={algorithm}", "compare=[]", "fair.adversarial=false"])
+
+
+def test_fedrep_with_the_fair_model_stops_before_round_one_and_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert flrep(["run", "lg_fair_adult", "algorithm=fedrep", "compare=[]", "fair.adversarial=false",
+                  "--out", str(out)]) == 2
+    assert "model.name: adult_fair trains with its own objective" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_the_algorithms_that_declare_the_fair_model_accept_it():
+    assert sorted(n for n, a in ALGORITHMS.items() if a.trains_fair_model) == ["fedavg", "lg_fedavg"]
+    for cfg in load_variants("lg_fair_adult"):
+        assert cfg.model.name == "adult_fair"
 
 
 def test_fair_lg_run_keeps_representation_and_adversary_on_the_clients(tmp_path):

@@ -135,6 +135,7 @@ def runtime_for(context: Context, content: RecordDict | None = None) -> ClientRu
         node_id=int(context.node_id),
         state_dir=str(context.node_config["state-dir"]) if "state-dir" in context.node_config else None,
         validation=validation,
+        model_training=next(filter(None, (p.client_training(cfg) for p in PROTOCOLS)), None),
     )
 
 
