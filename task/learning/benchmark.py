@@ -77,10 +77,10 @@ def measure(case: tuple, device: torch.device, repeats: int, epochs: int) -> dic
             fast_layout(model, [data])
         x = data.x
         if precision_name is None:
-            def fn(seed):
+            def fn(seed, model=model, x=x):
                 _dataloader_epoch(model, x, y, batch, seed)
         else:
-            def fn(seed):
+            def fn(seed, model=model, x=x, precision_name=precision_name):
                 _engine_epoch(model, x, y, batch, seed, precision_name)
         fn(0)  # warm-up
         rates = []
