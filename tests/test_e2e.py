@@ -80,7 +80,9 @@ def test_local_only_runs_without_a_global_model(tmp_path):
     assert summary["global_accuracy"] is None
     # nothing goes down; each client's model goes up once, for the New Test ensemble
     assert summary["bytes_down"] == 0 and summary["params_up"] == 20 * (64 * 64 + 64 + 64 * 10 + 10)
-    assert summary["personalized_accuracy"] > 0.1 and summary["new_test_accuracy"] > 0.1
+    # the numbers of this seed (the same in-process): each client's own model, then New Test's ensemble of them
+    assert summary["personalized_accuracy"] == pytest.approx(0.4064, abs=0.01)
+    assert summary["new_test_accuracy"] == pytest.approx(0.1978, abs=0.01)
 
 
 def test_a_crashing_server_app_exits_non_zero(tmp_path):

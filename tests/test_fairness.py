@@ -144,9 +144,9 @@ def test_fair_lg_run_keeps_representation_and_adversary_on_the_clients(tmp_path)
     for rep in grid.replies:
         if ARRAYS in rep.content and rep.metadata.message_type == "train":
             assert set(rep.content[ARRAYS]) == global_part
-    for key in ("class_auc", "adversary_auc", "adversary_auc_race", "adversary_auc_sex", "postfit_auc"):
-        assert 0.0 <= summary[key] <= 1.0
-    assert 0.5 < summary["personalized_accuracy"] <= 1.0
+    expected = {"class_auc": 0.7814, "adversary_auc": 0.5333, "adversary_auc_race": 0.4460,  # this seed's numbers
+                "adversary_auc_sex": 0.6207, "postfit_auc": 0.7075, "personalized_accuracy": 0.7561}
+    assert {k: summary[k] for k in expected} == pytest.approx(expected, abs=0.01)
 
 
 def test_a_run_with_dropout_repeats_exactly_whatever_the_processes_random_state(tmp_path, monkeypatch):

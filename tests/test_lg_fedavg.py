@@ -73,7 +73,8 @@ def test_warm_start_then_only_the_global_part_crosses_the_wire(tmp_path):
                         if m.metadata.message_type == "train" and int(m.content["config"]["server-round"]) > 3]
     assert lg_train_replies and all(set(r.content[ARRAYS]) == shared for r in lg_train_replies)
     assert summary["lg_switch_round"] == 4
-    assert summary["global_accuracy"] is None and 0.1 < summary["new_test_accuracy"] <= 1.0
+    assert summary["global_accuracy"] is None
+    assert summary["new_test_accuracy"] == pytest.approx(0.36, abs=0.01)  # this seed's number
     newtest = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
                if '"newtest"' in line]
     assert newtest[0]["new_test_models"] == 20
@@ -181,7 +182,7 @@ def test_local_only_new_test_ensembles_the_clients_own_models(tmp_path):
     summary = run_variants(grid, load_variants("quickstart", overrides))
     sent_models = [r for r in grid.replies if ARRAYS in r.content and len(r.content[ARRAYS]) > 0]
     assert len(sent_models) == 20  # each client's model crosses the wire once, for the New Test only
-    assert 0.1 < summary["new_test_accuracy"] <= 1.0
+    assert summary["new_test_accuracy"] == pytest.approx(0.4244, abs=0.01)  # this seed's number
     assert summary["params_up"] == 20 * sum(v.numel() for v in build_model("digits_mlp", (1, 8, 8), 10).state_dict().values())
 
     from task.data.federated_data import build_federated_data
@@ -401,7 +402,9 @@ def test_online_device_joins_after_the_goal_with_rotated_data(tmp_path):
     online_node = grid.node_ids[20]
     assert all(online_node not in nodes for t, nodes in trained.items() if t <= start)
     assert all(online_node in nodes and len(nodes) == 3 for t, nodes in trained.items() if t > start)  # device + 2
-    assert 0 <= summary["online_rotated_accuracy"] <= 1 and 0.3 < summary["online_normal_accuracy"] <= 1
+    # this seed's numbers: the device trained on rotated digits scores them far better than normal ones
+    assert summary["online_rotated_accuracy"] == pytest.approx(0.86, abs=0.02)
+    assert summary["online_normal_accuracy"] == pytest.approx(0.5583, abs=0.02)
 
 
 def test_an_online_phase_whose_training_diverges_fails(tmp_path, monkeypatch):
