@@ -7,6 +7,12 @@ keep every message for inspection; ``fail`` makes chosen partitions raise; ``cor
 alters chosen partitions' training replies (a function of the reply content, by partition id);
 ``reverse`` returns the replies in reverse order; ``run_id`` and ``first_node_id`` make a
 grid look like another run (as a resumed run is).
+
+A client exception is raised into the test, so a crashing client fails it; a test that injects
+faults which make clients raise says so with ``client_errors=True``, and the grid then turns them
+into error replies, as the simulation runtime does. A grid made with ``fail``, ``corrupt`` or
+``client_errors`` declares its faults (:data:`faults_declared`): the runs of that test may then have
+failed replies (``tests/conftest.py`` fails any other test whose run has one).
 """
 
 from __future__ import annotations
@@ -22,12 +28,16 @@ from flwr.supercore.task_identity import TaskIdentity
 from flower_app.app.client_app import app as client_app
 
 
+#: Whether the running test made a grid that injects faults (reset before each test by tests/conftest.py).
+faults_declared = False
+
+
 class LocalGrid(Grid):
     """``num_nodes`` nodes serving partitions ``0..num_nodes-1`` of one run config."""
 
     def __init__(self, num_nodes: int, run_config: dict, fail: Iterable[int] = (), reverse: bool = False,
                  corrupt: Mapping[int, Callable[[RecordDict], None]] | None = None, run_id: int = 1,
-                 first_node_id: int = 1000) -> None:
+                 first_node_id: int = 1000, client_errors: bool = False) -> None:
         TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, run_id, SUPERLINK_NODE_ID
         self.node_ids = [first_node_id + i for i in range(num_nodes)]
         self.contexts = {
@@ -43,6 +53,10 @@ class LocalGrid(Grid):
         self.fail = set(fail)
         self.corrupt = dict(corrupt or {})
         self.reverse = reverse  # deliver replies in reverse order (as a real federation may)
+        self.client_errors = client_errors  # the test injects faults that make clients raise
+        if self.fail or self.corrupt or client_errors:
+            global faults_declared
+            faults_declared = True
         self.sent: list[Message] = []
         self.replies: list[Message] = []
 
@@ -79,6 +93,8 @@ class LocalGrid(Grid):
                 try:
                     rep = client_app(msg, context)
                 except Exception as exc:  # the simulation runtime turns exceptions into error replies
+                    if not self.client_errors:
+                        raise
                     rep = Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
             rep.metadata.__dict__["_src_node_id"] = msg.metadata.dst_node_id
             if pid in self.corrupt and msg.metadata.message_type == "train" and not rep.has_error():

@@ -236,6 +236,7 @@ def test_after_a_rejected_reply_c_is_exactly_the_mean_of_the_clients_c_i(tmp_pat
         torch.testing.assert_close(c, sum(ci[key] for ci in clients) / 4, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.injects_faults  # every evaluation reply carries a NaN loss
 def test_a_run_whose_final_evaluations_all_fail_is_a_failed_run(tmp_path, monkeypatch):
     """A diverged model (NaN losses) is rejected at every evaluation: the run has no result, so it
     ends failed instead of completed with an empty headline."""

@@ -47,10 +47,12 @@ def _start_nodes(deployment: LocalDeployment, nodes: int) -> None:
 
 def _run_in_background_until_round_one_ends(deployment: LocalDeployment, overrides: list[str], out) -> threading.Thread:
     """Start the run on a thread and return once round 1 was evaluated (the run goes on)."""
-    runner = threading.Thread(target=deployment.run, args=("quickstart", overrides), kwargs={"timeout_s": 420})
+    runner = threading.Thread(target=deployment.run, args=("quickstart", overrides), kwargs={"timeout_s": 900})
     runner.start()
-    deadline = time.monotonic() + 240
-    while not any(r["phase"] == "eval" and r["round"] == 1 for r in _records(out)) and time.monotonic() < deadline:
+    deadline = time.monotonic() + 600  # a bound for a stuck run only: a loaded 2-core machine may take minutes
+    while not any(r["phase"] == "eval" and r["round"] == 1 for r in _records(out)):
+        if time.monotonic() > deadline or not runner.is_alive():
+            pytest.fail(f"round 1 was not evaluated (run alive: {runner.is_alive()}); records: {_records(out)}")
         time.sleep(0.2)
     return runner
 
@@ -60,7 +62,7 @@ def test_fedrep_runs_on_a_superlink_with_three_supernodes(tmp_path):
     with LocalDeployment(tmp_path / "deployment") as deployment:
         _start_nodes(deployment, 3)
         deployment.run("quickstart", RUN + ["algorithm=fedrep", "rounds=2", "data.num_clients=3", f"out_dir={out}"],
-                       timeout_s=300)
+                       timeout_s=900)
         processes = list(deployment.processes.values())
     assert all(p.poll() is not None for p in processes)  # every process it started has stopped
     summary = _summary(out, tmp_path / "deployment")
@@ -71,6 +73,7 @@ def test_fedrep_runs_on_a_superlink_with_three_supernodes(tmp_path):
     assert summary["personalized_accuracy"] > 0.5  # digits, 2 classes per client: heads learn fast
 
 
+@pytest.mark.injects_faults  # a SuperNode is killed mid-run
 def test_a_killed_supernode_does_not_end_the_run(tmp_path):
     out = tmp_path / "out"
     with LocalDeployment(tmp_path / "deployment") as deployment:
@@ -89,6 +92,7 @@ def test_a_killed_supernode_does_not_end_the_run(tmp_path):
     assert summary["rounds_skipped"] == []
 
 
+@pytest.mark.injects_faults  # a SuperNode goes down mid-run
 def test_a_restarted_supernode_rejoins_with_the_state_it_kept_on_disk(tmp_path):
     out = tmp_path / "out"
     node = {i: {"partition-id": i, "num-partitions": 3, "state-dir": str(tmp_path / f"node-{i}")} for i in range(3)}
@@ -178,7 +182,7 @@ def test_a_deployment_stopped_mid_run_resumes_to_the_same_metrics(tmp_path):
     overrides = RUN + ["algorithm=fedrep", "rounds=3", "data.num_clients=3", "faults.reply_timeout_s=60"]
     with LocalDeployment(tmp_path / "whole-deployment") as deployment:
         _start_nodes(deployment, 3)
-        deployment.run("quickstart", overrides + [f"out_dir={tmp_path / 'whole'}"], timeout_s=300)
+        deployment.run("quickstart", overrides + [f"out_dir={tmp_path / 'whole'}"], timeout_s=900)
     cut = tmp_path / "cut"
     with LocalDeployment(tmp_path / "cut-deployment") as deployment:
         _start_nodes(deployment, 3)
@@ -188,7 +192,7 @@ def test_a_deployment_stopped_mid_run_resumes_to_the_same_metrics(tmp_path):
     assert not (cut / "summary.json").exists()
     with LocalDeployment(tmp_path / "resumed-deployment") as deployment:
         _start_nodes(deployment, 3)
-        deployment.run("quickstart", overrides + [f"resume={cut}"], timeout_s=300)
+        deployment.run("quickstart", overrides + [f"resume={cut}"], timeout_s=900)
         assert "resuming" in (deployment.work / "run.log").read_text()
 
     def metrics(out) -> list[dict]:
@@ -232,7 +236,7 @@ def test_a_stopped_deploy_leaves_no_process_behind(tmp_path, how):
                             preexec_fn=as_in_a_terminal)
     pids_file = out / "deployment" / "processes.json"
     try:
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + 600
         while time.monotonic() < deadline and "run" not in (json.loads(pids_file.read_text()) if pids_file.is_file() else {}):
             time.sleep(0.5)
         pids = json.loads(pids_file.read_text())

@@ -181,8 +181,10 @@ def test_writers_refuse_data_they_cannot_write_back(tmp_path):
         write_node_data("mnist", tmp_path / "c", split, split)
 
 
-def _mnist_federation(tmp_path, out: str, data_paths=None, algorithm: str = "fedrep", extra: str = "") -> dict:
-    """``algorithm`` on the tiny mnist copy, 3 clients; each node reads ``data_paths[pid]`` when given."""
+def _mnist_federation(tmp_path, out: str, data_paths=None, algorithm: str = "fedrep", extra: str = "",
+                      client_errors: bool = False) -> dict:
+    """``algorithm`` on the tiny mnist copy, 3 clients; each node reads ``data_paths[pid]`` when given
+    (``client_errors``: a node is given data it must refuse)."""
     from flower_app.run.config import load_config
     from flower_app.app.server_app import Experiment
     from tests.local_grid import LocalGrid
@@ -191,7 +193,7 @@ def _mnist_federation(tmp_path, out: str, data_paths=None, algorithm: str = "fed
                  f"data.cache_dir={tmp_path / 'cache'} data.normalize=false data.num_clients=3 "
                  f"data.classes_per_client=2 model.name=mlp_mnist rounds=2 train.fraction=1.0 eval.every=1 "
                  f"eval.final_window=1 fedrep.head_epochs=2 out_dir={tmp_path / out} {extra}").strip()
-    grid = LocalGrid(3, {"experiment": "quickstart", "overrides": overrides})
+    grid = LocalGrid(3, {"experiment": "quickstart", "overrides": overrides}, client_errors=client_errors)
     for pid, path in (data_paths or {}).items():
         grid.contexts[grid.node_ids[pid]].node_config["data-path"] = str(path)
     return Experiment(grid, load_config("quickstart", overrides.split())).run()
@@ -230,7 +232,7 @@ def test_a_node_without_data_path_or_with_other_inputs_is_refused_at_start(tmp_p
         _write_idx_gz(small / f"{prefix}-images-idx3-ubyte.gz", rng.integers(0, 256, (10, 20, 20)))
         _write_idx_gz(small / f"{prefix}-labels-idx1-ubyte.gz", np.arange(10))
     with pytest.raises(ConfigError, match=r"start-up handshakes: node \d+: ConfigError: node config data-path=.*small.*images have shape \(20, 20\); expected \(28, 28\)"):
-        _mnist_federation(tmp_path, "other-shape", {0: dirs[0], 1: dirs[1], 2: small})
+        _mnist_federation(tmp_path, "other-shape", {0: dirs[0], 1: dirs[1], 2: small}, client_errors=True)
     assert (tmp_path / "other-shape" / "metrics.jsonl").read_text() == ""  # no round ran
 
 

@@ -188,9 +188,10 @@ def test_a_restarted_supernode_finds_its_state_in_its_state_dir(tmp_path, algori
     whole_grid = _with_state_dirs(LocalGrid(6, run_config), tmp_path / "whole-nodes")
     whole = Experiment(whole_grid, cfg).run()
 
-    def restarted(name: str, state_dir) -> tuple[dict, LocalGrid]:
+    def restarted(name: str, state_dir, client_errors: bool = False) -> tuple[dict, LocalGrid]:
         config = {"partition-id": 1, "num-partitions": 6, "state-dir": str(state_dir)}
-        grid = RestartingGrid(6, run_config, restarted_config=config, last_message=last_message)
+        grid = RestartingGrid(6, run_config, restarted_config=config, last_message=last_message,
+                              client_errors=client_errors)
         cfg = load_config("quickstart", f"{overrides} out_dir={tmp_path / name}".split())
         return Experiment(_with_state_dirs(grid, tmp_path / f"{name}-nodes"), cfg).run(), grid
 
@@ -200,7 +201,8 @@ def test_a_restarted_supernode_finds_its_state_in_its_state_dir(tmp_path, algori
     assert kept["personalized_accuracy"] == whole["personalized_accuracy"]
     assert len(_new_test_uploads(whole_grid)) == (6 if "new_test.enabled=true" in algorithm else 0)
     assert _new_test_uploads(kept_grid) == _new_test_uploads(whole_grid)  # New Test's models, by value
-    _, lost_grid = restarted("lost", tmp_path / "empty-disk")  # the node came back without its disk
+    # the node came back without its disk: a client that needs its lost state fails its reply
+    _, lost_grid = restarted("lost", tmp_path / "empty-disk", client_errors=True)
     assert _metrics(tmp_path / "lost") != _metrics(tmp_path / "whole")
     if "new_test.enabled=true" in algorithm:  # partition 1's best model was kept before its restart
         assert NEW_TEST_ROUND[algorithm.split()[0]](whole) <= RESTART_AFTER

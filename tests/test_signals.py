@@ -54,7 +54,7 @@ def _records(out: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
 
 
-def _wait_for_round(proc: subprocess.Popen, out: Path, log: Path, seconds: float = 300) -> None:
+def _wait_for_round(proc: subprocess.Popen, out: Path, log: Path, seconds: float = 600) -> None:
     deadline = time.monotonic() + seconds
     while not any(r.get("phase") == "eval" and r.get("round", 0) >= 1 for r in _records(out)):
         assert proc.poll() is None, f"exited {proc.returncode} before round 1:\n{log.read_text()[-3000:]}"
