@@ -107,7 +107,8 @@ def test_a_fedrep_run_served_by_both_nodes_equals_a_one_node_run(cluster, tmp_pa
 
 def test_a_resumed_cluster_run_equals_an_uninterrupted_one(cluster, tmp_path):
     address, homes = cluster
-    on_cluster = [*RUN, "rounds=6", f"simulation.ray_address={address}"]
+    # 40 rounds: on an idle machine a round takes 0.4 s, and Ctrl-C after round 3 must find the run still going
+    on_cluster = [*RUN, "rounds=40", f"simulation.ray_address={address}"]
     whole = _flrep(*on_cluster, "--out", str(tmp_path / "whole"), home=homes[0])
     assert whole.returncode == 0, whole.stderr[-3000:]
     parts = tmp_path / "parts"
