@@ -175,3 +175,49 @@ def test_a_run_on_a_full_disk_stops_cleanly_and_resumes(tmp_path, small_disk):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert records(out) == records(tmp_path / "whole")
     assert json.loads((out / "summary.json").read_text())["status"] == "completed"
+
+
+def _filled(disk: Path) -> None:
+    with open(disk / "filler", "wb") as fh:
+        try:
+            while True:
+                fh.write(b"\0" * 65536)
+                fh.flush()
+        except OSError:
+            pass
+
+
+@pytest.mark.parametrize("command", [["run", *ARGS, "--out"], ["reproduce", "lg_table4_adult", "--only", "lg_iid",
+                                                                  "--seeds", "0", "--out"]], ids=["run", "reproduce"])
+def test_a_full_disk_at_the_start_is_one_line_exit_2_and_nothing_made(small_disk, command):
+    _filled(small_disk)
+    before = files_in(small_disk)
+    out = small_disk / "new" / "out"
+    done = subprocess.run([sys.executable, "-m", "flower_app.cli", *command, str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    said = (done.stdout + done.stderr).strip().splitlines()
+    assert len(said) == 1 and f"no space left on the disk of {out}" in said[0], said
+    assert files_in(small_disk) == before and not (small_disk / "new").exists()
+
+
+def test_a_disk_that_fills_while_the_lock_is_taken_leaves_nothing(tmp_path, monkeypatch):
+    from flower_app.run import run_lock
+
+    def full(fd: int, data) -> int:
+        raise full_disk()
+
+    monkeypatch.setattr(run_lock.os, "write", full)
+    with pytest.raises(run_lock.NoRoom, match=f"^no space left on the disk of {tmp_path / 'a' / 'b'}: "):
+        run_lock.acquire(tmp_path / "a" / "b")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_folder_on_a_disk_with_no_room_is_refused_before_anything_is_made(tmp_path, monkeypatch):
+    from flower_app.run import run_lock
+
+    real = os.statvfs
+    monkeypatch.setattr(run_lock.os, "statvfs", lambda p: os.statvfs_result((*real(p)[:4], 0, *real(p)[5:])))
+    with pytest.raises(run_lock.NoRoom, match=r"\(0 bytes free; a command needs 64 KiB to start\)"):
+        run_lock.acquire(tmp_path / "a")
+    assert list(tmp_path.iterdir()) == []

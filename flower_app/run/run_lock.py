@@ -7,6 +7,7 @@ the lock is given up (a killed owner leaves it, and the next owner takes it over
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import time
@@ -18,10 +19,32 @@ from pathlib import Path
 from task.errors import ConfigError
 
 LOCK_FILE = ".flrep.lock"
+#: Free bytes a folder's file system must have before a command takes the folder: room for the
+#: lock and the first small files (a run that fills the disk later stops as docs/reliability.md says).
+MIN_FREE_BYTES = 64 * 1024
+FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 class FolderBusy(ConfigError):
     """Another process owns the folder."""
+
+
+class NoRoom(ConfigError):
+    """The folder's file system is full: nothing was made there."""
+
+
+def _no_room(folder: Path, free: int | None = None) -> NoRoom:
+    said = "" if free is None else f" ({free:,} bytes free; a command needs {MIN_FREE_BYTES // 1024} KiB to start)"
+    return NoRoom(f"no space left on the disk of {folder}{said}: free some space or choose another folder")
+
+
+def _check_room(folder: Path) -> None:
+    """NoRoom, before anything is made, when ``folder``'s file system has no room to start in."""
+    existing = next(p for p in [folder, *folder.parents] if p.exists())
+    st = os.statvfs(existing)
+    free = st.f_bavail * st.f_frsize
+    if free < MIN_FREE_BYTES:
+        raise _no_room(folder, free)
 
 
 @dataclass
@@ -42,22 +65,33 @@ def acquire(folder: Path) -> bool:
         return False
     if held is not None:  # the folder was moved away beneath this lock
         os.close(_HELD.pop(folder).fd)
+    _check_room(folder)
     made = next((p for p in reversed([folder, *folder.parents]) if not p.exists()), None)
-    folder.mkdir(parents=True, exist_ok=True)
     path = folder / LOCK_FILE
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+    fd = None
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise FolderBusy(f"{folder} is in use by another flrep command (PID {_owner(path)}); wait for "
+                                 "it to end, or choose another folder") from None
+            if _same_file(fd, path):
+                break
+            os.close(fd)  # its last owner removed it between our open and lock: lock the new one
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+    except OSError as error:
+        if error.errno not in FULL:
+            raise
+        if fd is not None:  # the disk filled between the check and the lock: leave nothing behind
+            path.unlink(missing_ok=True)
             os.close(fd)
-            raise FolderBusy(f"{folder} is in use by another flrep command (PID {_owner(path)}); wait for it "
-                             "to end, or choose another folder") from None
-        if _same_file(fd, path):
-            break
-        os.close(fd)  # its last owner removed it between our open and lock: lock the new one
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
+        _remove_empty(folder, made)
+        raise _no_room(folder) from None
     _HELD[folder] = _Held(fd, made)
     return True
 
@@ -71,14 +105,20 @@ def release(folder: Path) -> None:
     if _same_file(held.fd, folder / LOCK_FILE):
         (folder / LOCK_FILE).unlink()
     os.close(held.fd)
-    if held.made is not None:
-        for path in [folder, *folder.parents]:
-            try:
-                path.rmdir()
-            except OSError:
-                break
-            if path == held.made:
-                break
+    _remove_empty(folder, held.made)
+
+
+def _remove_empty(folder: Path, made: Path | None) -> None:
+    """Remove ``folder`` and its parents up to ``made`` (the topmost one a lock made) while empty."""
+    if made is None:
+        return
+    for path in [folder, *folder.parents]:
+        try:
+            path.rmdir()
+        except OSError:
+            break
+        if path == made:
+            break
 
 
 def moved(folder: Path, to: Path) -> None:
