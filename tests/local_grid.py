@@ -35,6 +35,9 @@ faults_declared = False
 class LocalGrid(Grid):
     """``num_nodes`` nodes serving partitions ``0..num_nodes-1`` of one run config."""
 
+    #: The error reason of a partition in ``fail`` (``{pid}``: its partition id).
+    fail_reason = "partition {pid} was told to fail"
+
     def __init__(self, num_nodes: int, run_config: dict, fail: Iterable[int] = (), reverse: bool = False,
                  corrupt: Mapping[int, Callable[[RecordDict], None]] | None = None, run_id: int = 1,
                  first_node_id: int = 1000, client_errors: bool = False) -> None:
@@ -88,7 +91,7 @@ class LocalGrid(Grid):
             context = self.contexts[msg.metadata.dst_node_id]
             pid = int(context.node_config["partition-id"])
             if pid in self.fail:
-                rep = Message(Error(code=0, reason=f"partition {pid} was told to fail"), reply_to=msg)
+                rep = Message(Error(code=0, reason=self.fail_reason.format(pid=pid)), reply_to=msg)
             else:
                 try:
                     rep = client_app(msg, context)

@@ -38,3 +38,24 @@ def test_the_round_bar_is_silent_off_a_terminal():
     assert bar.bar is None
     bar.advance("[flrep] round 1/3 | train loss 0.5 | 5/5 clients replied", "[flrep] round 1/3 | loss 0.5")
     bar.close()
+
+
+
+def test_a_coloured_client_error_is_recorded_and_logged_without_colour_codes(tmp_path, caplog):
+    from flower_app.app.server_app import Experiment
+    from flower_app.run.config import load_config
+    from tests.local_grid import LocalGrid
+
+    class ColouredErrors(LocalGrid):  # as Ray words an actor's exception
+        fail_reason = "\x1b[36mray::ClientAppActor.run()\x1b[39m (pid=1) partition {pid}: \x1b[1;31mboom\x1b[0m"
+
+    overrides = f"wandb.enabled=false compare=[] data.num_clients=3 train.fraction=1.0 rounds=1 out_dir={tmp_path}"
+    grid = ColouredErrors(3, {"experiment": "quickstart", "overrides": overrides}, client_errors=True)
+    experiment = Experiment(grid, load_config("quickstart", overrides.split()))
+    federation = experiment.start_federation()
+    experiment.strategy.prepare_round(1, experiment.services)
+    grid.fail = {1}
+    with caplog.at_level(logging.WARNING, logger=LOGGER_NAME):
+        record = experiment.train_round(1, federation)
+    assert record["failures"] == {"1": "error: ray::ClientAppActor.run() (pid=1) partition 1: boom"}
+    assert "partition 1: boom" in caplog.text and "\x1b" not in caplog.text

@@ -16,6 +16,7 @@ from flwr.serverapp import Grid
 
 from flower_app.app.elision import PROCESS, asks_for_bodies, resend, shares_processes, wire_messages
 from flower_app.app.reply_check import reply_problem
+from flower_app.run.console import plain
 from flower_app.run.stop_signals import stop_requested
 from flower_app.app.timing import PhaseTimer
 from strategies.common import CONFIG, METRICS
@@ -212,7 +213,7 @@ def _ask_partitions(grid: Grid, nodes: list[int], traffic: Traffic, handshake: C
         node = rep.metadata.src_node_id  # or, for an error made by the SuperLink, the node it was meant for
         node = node if node in asked else node_of_message.get(rep.metadata.reply_to_message_id, node)
         if rep.has_error():
-            failures[node] = rep.error.reason
+            failures[node] = plain(rep.error.reason)
             continue
         metrics = rep.content[METRICS]
         process = rep.content.config_records.get(PROCESS, {}).get("id", f"node {node}")
@@ -251,12 +252,12 @@ def exchange(grid: Grid, messages: list[Message], traffic: Traffic, fed: Federat
         # node id: the message it answers says which client it was for
         sent = sent_by_id.get(rep.metadata.reply_to_message_id)
         if sent is None and rep.has_error():
-            unmatched.append(rep.error.reason)
+            unmatched.append(plain(rep.error.reason))
             continue
         node = sent.metadata.dst_node_id if sent is not None else rep.metadata.src_node_id
         pid = fed.pid_of.get(node, -1)
         if rep.has_error():
-            failed[pid] = f"error: {rep.error.reason}"
+            failed[pid] = f"error: {plain(rep.error.reason)}"
         elif sent is None or rep.metadata.src_node_id != node:
             failed[pid] = "reply to no message of this exchange"
         else:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import time
 import warnings
@@ -20,6 +21,8 @@ from flwr.supercore.logger import LOGGER_NAME
 VERBOSE_ENV = "FLREP_VERBOSE"
 #: Every line of flrep's own starts with this.
 TAG = "[flrep]"
+#: Terminal control sequences (colours, cursor moves) as Ray and Flower write them into messages.
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 
 
 class _FlrepOnly(logging.Filter):
@@ -27,6 +30,12 @@ class _FlrepOnly(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return record.levelno >= logging.WARNING or str(record.msg).startswith(TAG)
+
+
+def plain(text: str) -> str:
+    """``text`` without terminal control sequences: what a log file or ``metrics.jsonl`` keeps of
+    an error message that Ray or Flower coloured."""
+    return ANSI_ESCAPE.sub("", text)
 
 
 def verbose_chosen() -> bool:
@@ -40,6 +49,8 @@ def configure(verbose: bool | None = None) -> None:
     if verbose is None:
         verbose = verbose_chosen()
     update_console_handler(colored=sys.stderr.isatty())
+    if not sys.stderr.isatty():  # Ray's prefixes of the worker lines it forwards
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
     for handler in logging.getLogger(LOGGER_NAME).handlers:
         if isinstance(handler, ConsoleHandler):
             for old in [f for f in handler.filters if isinstance(f, _FlrepOnly)]:
