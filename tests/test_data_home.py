@@ -8,6 +8,7 @@ import functools
 import hashlib
 import http.server
 import io
+import os
 import pickle
 import subprocess
 import sys
@@ -169,3 +170,18 @@ def test_flrep_data_lists_the_home(home, capsys):
     assert main(["data"]) == 0
     out = capsys.readouterr().out
     assert str(home) in out and "adult" in out and "present" in out and "flrep data fetch mnist" in out
+
+
+def test_a_fetch_removes_what_a_killed_fetch_left_and_keeps_a_live_ones(home, monkeypatch):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    home.mkdir(parents=True, exist_ok=True)
+    killed = home / f".adult.partial-{dead}-k1ll3d"
+    live = home / f".adult.partial-{os.getpid()}-l1v3"
+    other = home / f".mnist.partial-{dead}-0ther"
+    for folder in (killed, live, other):
+        (folder / "part").mkdir(parents=True)
+    monkeypatch.setitem(fetch.FETCHERS, "adult", lambda dst: (dst / "adult.data").write_text("x\n"))
+    assert fetch.fetch_folder("adult") == home / "adult"
+    assert (home / "adult" / "adult.data").is_file()
+    assert not killed.exists() and live.exists() and other.exists()  # another folder's fetch: not this one's to judge

@@ -2,12 +2,14 @@
 
 Each fetcher writes one folder of :data:`task.data.home.HOME_FOLDERS` through torchvision's own
 downloads (progress bar, md5 check, mirrors). :func:`fetch_folder` downloads into a temporary
-folder beside the target and renames it into place, so a failed download leaves nothing behind.
+folder beside the target and renames it into place, so a failed download leaves nothing behind;
+the temporary folder of a killed download is removed by the next fetch of that folder.
 """
 
 from __future__ import annotations
 
 import io
+import os
 import shutil
 import tarfile
 import tempfile
@@ -89,6 +91,29 @@ FETCHERS: dict[str, Callable[[Path], None]] = {
 }
 
 
+def _owner_alive(partial: Path) -> bool:
+    """Whether the fetch that made ``partial`` (named ``.<folder>.partial-<pid>-<random>``) still runs."""
+    pid = partial.name.rsplit(".partial-", 1)[-1].split("-", 1)[0]
+    if not pid.isdigit():
+        return False  # not a name of ours: no fetch owns it
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        pass
+    return True
+
+
+def remove_stale_partials(folder: str) -> list[Path]:
+    """Remove the temporary folders that killed fetches of ``folder`` left in the data home (a live
+    fetch's stays); the removed ones."""
+    stale = [p for p in data_home().glob(f".{folder}.partial-*") if p.is_dir() and not _owner_alive(p)]
+    for partial in stale:
+        shutil.rmtree(partial, ignore_errors=True)
+    return stale
+
+
 def fetch_folder(folder: str) -> Path:
     """Download data-home folder ``folder`` (a key of ``HOME_FOLDERS``) unless it is there; its path."""
     entry = HOME_FOLDERS.get(folder)
@@ -101,7 +126,8 @@ def fetch_folder(folder: str) -> Path:
         raise missing_data_error(entry.dataset, target)
     try:
         data_home().mkdir(parents=True, exist_ok=True)
-        partial = Path(tempfile.mkdtemp(prefix=f".{folder}.partial-", dir=data_home()))
+        remove_stale_partials(folder)
+        partial = Path(tempfile.mkdtemp(prefix=f".{folder}.partial-{os.getpid()}-", dir=data_home()))
     except OSError as exc:
         raise ConfigError(f"data: cannot write the data home {data_home()} ({exc}); set FLREP_DATA to a writable folder") from None
     try:
