@@ -182,6 +182,14 @@ def test_a_head_that_leaves_no_shared_part_is_refused(tmp_path, capsys):
     assert code == 2 and "model.head" in err and "share no parameters" in err
 
 
+def test_a_compare_variant_failing_the_model_check_is_named_like_its_config_errors(tmp_path, capsys):
+    out = tmp_path / "run"
+    code, err = flrep(["run", "quickstart", *[o for o in TINY if not o.startswith("compare")], "--out", str(out),
+                       'compare=["label=whole model.head=[fc1,fc2]"]']), capsys.readouterr().err
+    assert code == 2 and "compare[0] (label=whole): model.head: " in err and "share no parameters" in err, err
+    assert not out.exists()
+
+
 def test_a_nan_cell_in_the_data_names_the_file_and_line(tmp_path):
     for name in ("adult.data", "adult.test"):
         shutil.copy(shared("adult") / name, tmp_path / name)

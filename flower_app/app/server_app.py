@@ -32,9 +32,14 @@ def preflight(variants: tuple[DictConfig, ...], force: bool = False) -> Path | N
     the device, and the output directory (a new run needs one that holds no other run; a
     resumed one a readable checkpoint of the same config). With ``force``, after all other
     checks passed, an earlier run in the directory is moved aside; returns where it went."""
-    for cfg in variants:
-        validate_with_data(cfg)
-        server_device(cfg)
+    for i, cfg in enumerate(variants):
+        try:
+            validate_with_data(cfg)
+            server_device(cfg)
+        except ConfigError as err:  # a compare entry is named as its config errors are
+            if i == 0:
+                raise
+            raise ConfigError(f"compare[{i - 1}] (label={cfg.label}): {err}") from None
     base = output_dir(variants[0])
     moved = None
     if not variants[0].resume:
