@@ -635,3 +635,29 @@ def test_sigterm_stops_the_running_cell_and_leaves_no_process(tmp_path):
     assert "interrupted by SIGTERM during lg_iid/seed0" in proc.stderr.read()
     _, alive = psutil.wait_procs(descendants, timeout=30)
     assert not alive, [p.cmdline() for p in alive]
+
+
+def test_a_table_file_that_cannot_be_written_is_one_line_naming_it_exit_3_and_keeps_the_runs(tiny, tmp_path, capsys,
+                                                                                             monkeypatch):
+    import errno
+
+    from flower_app.reproduction import runner as rep
+    from task.files import WriteFailed
+
+    def child(cmd, log):  # a run that completes
+        _fake_run(tmp_path, "a", 0, 0.5)
+        return 0
+
+    real = rep.write_atomic
+
+    def full_at_the_report(path, write):
+        if path.name == "table.md":
+            raise WriteFailed(errno.ENOSPC, f"no space left on {path}") from OSError(errno.ENOSPC, "full")
+        return real(path, write)
+
+    monkeypatch.setattr(rep, "run_child", child)
+    monkeypatch.setattr(rep, "write_atomic", full_at_the_report)
+    assert flrep(["reproduce", "tiny", "--seeds", "0", "--only", "a", "--out", str(tmp_path)]) == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"flrep: reproduce: no space left on {tmp_path / 'table.md'}; "), err
+    assert json.loads((tmp_path / "reproduce.json").read_text())["runs"]["a/seed0"]["status"] == "completed"

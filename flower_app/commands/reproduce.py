@@ -12,6 +12,11 @@ from pathlib import Path
 from flower_app.run.stop_signals import Stopped
 from flower_app.commands.common import config_error
 from task.errors import ConfigError
+from task.files import WriteFailed
+
+#: ``flrep reproduce``'s exit code when a file of the table (its report or ``reproduce.json``)
+#: could not be written: the finished runs are kept, and the same command writes it again.
+REPORT_NOT_WRITTEN = 3
 
 
 def _cmd_reproduce(args: argparse.Namespace) -> int:
@@ -50,6 +55,10 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         except Stopped as stop:
             print(f"[reproduce] continue it with:\n  {shlex.join(['flrep', *again])}", file=sys.stderr)
             return stop.exit_code
+        except WriteFailed as failed:
+            print(f"flrep: reproduce: {failed}; the finished runs are kept: free some space and run the same "
+                  "command again (it repeats no finished run)", file=sys.stderr)
+            return REPORT_NOT_WRITTEN
     except ConfigError as err:
         return config_error(err)
 
