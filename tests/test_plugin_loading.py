@@ -126,6 +126,23 @@ def test_a_plugin_that_cannot_be_imported_stops_the_run_before_start_up(user_fol
     assert time.monotonic() - start < 60 and not out.exists()
 
 
+@pytest.mark.injects_faults
+def test_a_plugin_that_fails_only_in_the_workers_is_named_in_a_short_log_and_blocks_no_rerun(user_folder):
+    from flower_app.run import run_dir
+
+    (user_folder / "workerfail.py").write_text(
+        "import sys\nif 'default_worker' in sys.argv[0]:  # a Ray worker\n"
+        "    raise ImportError('workerfail needs a library this worker lacks')\n")
+    out = user_folder / "out"
+    result = _flrep(["run", "quickstart", "plugins=[workerfail]", "compare=[]", "rounds=2", "data.num_clients=4",
+                     "wandb.enabled=false", "--out", str(out)], user_folder, timeout=300)
+    said = result.stdout + result.stderr
+    assert result.returncode == 2, said[-3000:]
+    assert "plugins: cannot import 'workerfail' (ImportError: workerfail needs a library this worker lacks)" in said
+    assert len(said.splitlines()) < 50 and "Traceback" not in said and "\x1b" not in said, said[-3000:]
+    run_dir.claim(out)  # nothing of a run that did no round blocks the next one
+
+
 def test_an_installed_packages_entry_point_is_loaded_without_the_key(tmp_path, monkeypatch):
     site = tmp_path / "site"
     (site / "flrep_clip_plugin-0.1.dist-info").mkdir(parents=True)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+import re
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from logging import DEBUG, INFO, WARNING
@@ -153,9 +155,7 @@ def connect(grid: Grid, num_clients: int, traffic: Traffic, wait_s: float = NODE
     fed.__post_init__()
     missing = sorted(set(range(num_clients)) - set(fed.node_of))
     if missing:
-        failed = "; ".join(f"node {node}: {reason}" for node, reason in list(failures.items())[:5])
-        raise ConfigError(f"data.num_clients: no node serves partition ids {missing[:10]}"
-                          + (f" (failed start-up handshakes: {failed})" if failed else ""))
+        raise _unserved(missing, failures, len(nodes))
     for node, reason in failures.items():
         log(WARNING, "node %d failed its start-up handshake (every client is served by the others): %s", node, reason)
     fed.strangers.update(failures)  # not asked again each round
@@ -168,6 +168,30 @@ def connect(grid: Grid, num_clients: int, traffic: Traffic, wait_s: float = NODE
         raise ConfigError(f"node config: the SuperNodes of partitions {lacking[:10]} have no data-path while the others "
                           "load their own data; give every SuperNode a data-path (or none)")
     return fed
+
+
+def error_line(reason: str) -> str:
+    """A client's own error message (its first line) in the reason of an error reply, which Ray
+    and Flower wrap in their names, a traceback and colour codes."""
+    text = plain(reason)
+    said = re.search(r"occurred\. Message: *(\S.*)", text)
+    if said:
+        return said.group(1).strip().removesuffix("'>")  # Flower's <class ...>:<'...'> wrapper
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return (lines[-1] if lines else text).removesuffix("'>")
+
+
+def _unserved(missing: list[int], failures: dict[int, str], nodes: int) -> ConfigError:
+    """The error of a federation in which no node serves partitions ``missing``: the most common
+    error of the nodes whose handshake failed, a plug-in that the ClientApps cannot import above all."""
+    if not failures:
+        return ConfigError(f"data.num_clients: no node serves partition ids {missing[:10]}")
+    line, count = Counter(error_line(reason) for reason in failures.values()).most_common(1)[0]
+    where = f"{count} of {nodes} nodes' ClientApps"
+    if line.startswith("plugins: "):  # imported by this ServerApp, not where the clients run
+        return ConfigError(f"{line} (in {where}; the ServerApp imported it)")
+    return ConfigError(f"data.num_clients: no node serves partition ids {missing[:10]}: {where} failed their "
+                       f"start-up handshake with: {line}")
 
 
 def rejoin(grid: Grid, fed: Federation, traffic: Traffic, handshake: ConfigRecord | None = None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from logging import ERROR, INFO
 from pathlib import Path
@@ -25,6 +26,9 @@ from task.errors import ConfigError
 from task.files import WriteFailed
 
 app = ServerApp()
+#: Set when the ServerApp stopped on a configuration error (logged in one line): the command
+#: that started the simulation in this process exits 2.
+stopped_by_config_error = threading.Event()
 
 
 def preflight(variants: tuple[DictConfig, ...], force: bool = False) -> Path | None:
@@ -144,6 +148,7 @@ def main(grid: Grid, context: Context) -> None:
                                                     str(rc.get("overrides", ""))))
     except ConfigError as err:  # one line, not a traceback: the message names the key and the fix
         log(ERROR, "[flrep] configuration error: %s", err)
+        stopped_by_config_error.set()
         raise SystemExit(2) from None
     except WriteFailed as err:  # a full disk: the run said where (and how to continue); no traceback
         log(ERROR, "[flrep] run failed: %s", err)

@@ -17,6 +17,7 @@ def command(args: argparse.Namespace) -> int:
         return 2
     from flower_app.run.console import say
     from flower_app.app.outcome import COMMAND_START_ENV
+    from flower_app.app.server_app import stopped_by_config_error
     from flower_app.run.simulation import check_simulation, client_gpus_of, exit_interrupted, run_blocking
 
     prepared = prepare_run(args, check=lambda cfg: check_simulation(cfg, args.experiment, list(args.overrides)))
@@ -36,12 +37,16 @@ def command(args: argparse.Namespace) -> int:
               f"  {resume_command(args, out)}", file=sys.stderr)
         exit_interrupted(stop.exit_code)
     except SystemExit as err:
+        if stopped_by_config_error.is_set():  # the ServerApp said why in one line
+            exit_interrupted(2)
         print(f"flrep: run failed: the simulation exited with code {err.code}", file=sys.stderr)
         exit_interrupted(1)
     except BaseException as err:  # noqa: BLE001 - report any failure as a non-zero exit
         traceback.print_exc()
         print(f"flrep: run failed: {type(err).__name__}: {err}", file=sys.stderr)
         exit_interrupted(1)
+    if stopped_by_config_error.is_set():
+        exit_interrupted(2)
     code = run_outcome(out, before)
     if code != 0:  # a failed simulation may leave threads waiting for replies: leave without joining them
         exit_interrupted(code)

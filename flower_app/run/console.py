@@ -25,10 +25,19 @@ TAG = "[flrep]"
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 
 
+#: Flower's modules that log each failed ClientApp call with its traceback, before the error
+#: comes back in its reply (which flrep logs, one line per client): shown only with ``--verbose``.
+_CLIENT_ERROR_ECHOES = (os.path.join("flwr", "server", "superlink", "fleet", "vce", ""),
+                        os.path.join("flwr", "simulation", "ray_transport", ""))
+
+
 class _FlrepOnly(logging.Filter):
-    """Lets through flrep's own lines and every warning or error."""
+    """Lets through flrep's own lines and every warning or error, but not Flower's echoes of
+    client errors."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if any(module in record.pathname for module in _CLIENT_ERROR_ECHOES):
+            return False
         return record.levelno >= logging.WARNING or str(record.msg).startswith(TAG)
 
 

@@ -20,15 +20,22 @@ from task.errors import ConfigError
 from task.files import fail_cleanly, sync
 
 #: The files and folders that make a directory a run directory.
-RUN_MARKERS = ("summary.json", "metrics.jsonl", "config.yaml", "checkpoint", "comparison.md")
+RUN_MARKERS = ("summary.json", "metrics.jsonl", "checkpoint", "comparison.md")
+
+
+def _marks_a_run(path: Path) -> bool:
+    """Whether ``path`` shows that a run did something: an empty ``metrics.jsonl`` (and a
+    ``config.yaml`` alone) is what a run that stopped before its first round leaves."""
+    return path.exists() and (path.name != "metrics.jsonl" or path.stat().st_size > 0)
 
 
 def run_files(out: Path) -> list[Path]:
-    """The run files in ``out`` and in its variant folders (empty when it holds no run)."""
+    """The run files in ``out`` and in its variant folders (empty when it holds no run, or only
+    what a run that did no round left: a new run may start there and writes over it)."""
     if not out.is_dir():
         return []
     folders = [out, *(p for p in sorted(out.iterdir()) if p.is_dir())]
-    return [folder / name for folder in folders for name in RUN_MARKERS if (folder / name).exists()]
+    return [folder / name for folder in folders for name in RUN_MARKERS if _marks_a_run(folder / name)]
 
 
 def check_writable(out: Path, key: str = "out_dir") -> None:
