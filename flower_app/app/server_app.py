@@ -29,6 +29,8 @@ app = ServerApp()
 #: Set when the ServerApp stopped on a configuration error (logged in one line): the command
 #: that started the simulation in this process exits 2.
 stopped_by_config_error = threading.Event()
+#: Set when the ServerApp's main has returned or raised: the run is over, whatever its ClientApps do.
+finished = threading.Event()
 
 
 def preflight(variants: tuple[DictConfig, ...], force: bool = False) -> Path | None:
@@ -153,3 +155,5 @@ def main(grid: Grid, context: Context) -> None:
     except WriteFailed as err:  # a full disk: the run said where (and how to continue); no traceback
         log(ERROR, "[flrep] run failed: %s", err)
         raise SystemExit(1) from None
+    finally:
+        finished.set()

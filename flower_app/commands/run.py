@@ -5,11 +5,32 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 import traceback
 
 from flower_app.commands.common import (command_start, first_second_check, prepare_run, resume_command,
                                          run_outcome, summary_stamp)
 from flower_app.run.stop_signals import Stopped
+
+
+#: Seconds the simulation engine may take to wind down after the ServerApp ended before the
+#: command stops it: a ClientApp that never answers would keep it waiting for ever.
+ENGINE_WIND_DOWN_S = 10.0
+
+
+def _leave_when_the_engine_hangs(out, before, engine_ended: threading.Event) -> None:
+    """Once the ServerApp has ended, give the engine :data:`ENGINE_WIND_DOWN_S` to end too; if it
+    has not, end the command with the run's outcome, stopping Ray and every process it started."""
+    from flower_app.app.server_app import finished, stopped_by_config_error
+    from flower_app.run.console import say
+    from flower_app.run.simulation import exit_interrupted
+
+    finished.wait()
+    if engine_ended.wait(ENGINE_WIND_DOWN_S):
+        return
+    say(f"the run is over, but ClientApps are still busy {ENGINE_WIND_DOWN_S:g} s after its end (a client that "
+        "never answered): stopping the simulation engine")
+    exit_interrupted(2 if stopped_by_config_error.is_set() else run_outcome(out, before))
 
 
 def command(args: argparse.Namespace) -> int:
@@ -29,9 +50,12 @@ def command(args: argparse.Namespace) -> int:
     where = f" on the Ray cluster at {cfg.simulation.ray_address}" if cfg.simulation.ray_address else ""
     say(f"starting Flower's simulation engine{where}: {int(cfg.data.num_clients)} SuperNodes, "
         f"{float(cfg.simulation.client_cpus):g} CPU(s) per ClientApp", command_start())
+    engine_ended = threading.Event()
+    threading.Thread(target=_leave_when_the_engine_hangs, args=(out, before, engine_ended), daemon=True).start()
     try:
         run_blocking(args.experiment, overrides, int(cfg.data.num_clients),
                      float(cfg.simulation.client_cpus), client_gpus_of(cfg.simulation), cfg.simulation.ray_address)
+        engine_ended.set()
     except Stopped as stop:  # the engine is down; the ServerApp's thread would keep the process alive
         print(f"flrep: run in {out} {stop}; continue it from its last checkpoint with:\n"
               f"  {resume_command(args, out)}", file=sys.stderr)
