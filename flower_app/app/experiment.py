@@ -21,7 +21,7 @@ from flower_app.run import run_dir
 from flower_app.run.console import RoundBar
 from flower_app.run.ray_cluster import refuse_unnamed_cluster
 from flower_app.run.config import PROJECT_DIR, clients_per_round, server_device, validate_with_data
-from flower_app.app.outcome import (command_startup_s, describe_window, no_better_than_chance,
+from flower_app.app.outcome import (command_startup_s, describe_window, diverged, no_better_than_chance,
                                       no_final_metric, output_dir, skipped_too_many)
 from flower_app.app.federation import Federation, NodeSubset, Traffic, connect, rejoin
 from flower_app.results.progress import EXTRA_PROGRESS, terminal_round_line
@@ -385,6 +385,7 @@ class Experiment:
         reason = (skipped_too_many(trains, float(cfg.faults.max_skipped_fraction))
                   or self.strategy.run_failure(self.last_round_run)
                   or no_final_metric(summary, final("global_loss"), window)
+                  or diverged(records, None if self.data.bundle.task == "regression" else int(self.data.bundle.num_classes))
                   or (None if own_data else no_better_than_chance(summary, self.data, self.trainable))
                   or next(filter(None, (p.run_failure(summary, self.services) for p in self.protocols)), None))
         if reason is not None:

@@ -66,22 +66,56 @@ def no_final_metric(summary: dict, global_loss: float | None, final_window: int)
             "client's evaluation failed or was rejected (see the failures in metrics.jsonl)")
 
 
+#: An evaluation loss above this many times ln(classes) (always guessing uniformly) has exploded.
+EXPLODED_LOSS_FACTOR = 10.0
+LOSS_KEYS = ("train_loss", "personalized_loss", "global_loss")
+
+
+def diverged(records: list[dict], num_classes: int | None) -> str | None:
+    """Why the run diverged: a loss that is not a finite number in any round, or, for
+    classification, a final evaluation loss above ``EXPLODED_LOSS_FACTOR`` × ln(classes); None otherwise."""
+    for record in records:
+        for key in LOSS_KEYS:
+            value = record.get(key)
+            if value is not None and not np.isfinite(value):
+                return f"round {record['round']}: {key.replace('_', ' ')} is {value}: the run diverged"
+    evals = [r for r in records if r.get("phase") == "eval"]
+    if not evals or not num_classes or num_classes < 2:
+        return None
+    limit = EXPLODED_LOSS_FACTOR * float(np.log(num_classes))
+    for key in ("personalized_loss", "global_loss"):
+        value = evals[-1].get(key)
+        if value is not None and value > limit:
+            return (f"round {evals[-1]['round']}: {key.replace('_', ' ')} {value:.4g} is above {EXPLODED_LOSS_FACTOR:g} × "
+                    f"ln({num_classes}) = {limit:.3g}, the loss of guessing uniformly: the run diverged")
+    return None
+
+
+def _majority(labels: np.ndarray) -> float | None:
+    """The accuracy of always predicting the most frequent of ``labels``."""
+    return float(np.bincount(labels).max() / labels.size) if labels.size else None
+
+
 def no_better_than_chance(summary: dict, data: FederatedData, scored_clients: list[int]) -> str | None:
-    """Why a classification run learned nothing: its final accuracy (global, else personalized,
-    over ``scored_clients``' test data) is no better than always predicting the most frequent class
-    of the test labels it was scored on; None otherwise."""
+    """Why a classification run learned nothing; None otherwise. A global model's final accuracy
+    must beat always predicting the most frequent class of the global test labels; a run without
+    one must beat, in personalized accuracy, each client always predicting its own most frequent
+    test label (averaged over ``scored_clients`` as personalized accuracy is: one client, one vote)."""
     if data.bundle.task == "regression":
         return None
-    key = next((k for k in ("global_accuracy", "personalized_accuracy") if summary.get(k) is not None), None)
-    if key is None:
+    labels = np.asarray(data.bundle.test.y).astype(np.int64)
+    if summary.get("global_accuracy") is not None:
+        key, reached = "global_accuracy", summary["global_accuracy"]
+        baseline = _majority(labels[data.global_test])
+        what = "always predicting the most frequent class of its test labels"
+    elif summary.get("personalized_accuracy") is not None:
+        key, reached = "personalized_accuracy", summary["personalized_accuracy"]
+        own = [m for p in scored_clients if (m := _majority(labels[data.client_test[p]])) is not None]
+        baseline = float(np.mean(own)) if own else None
+        what = "each client always predicting its own most frequent test label"
+    else:
         return None
-    idx = data.global_test if key == "global_accuracy" else np.concatenate(
-        [data.client_test[p] for p in scored_clients])
-    labels = np.asarray(data.bundle.test.y)[idx].astype(np.int64)
-    if labels.size == 0:
+    if baseline is None or reached > baseline or (reached == baseline == 1.0):
         return None
-    majority = float(np.bincount(labels).max() / labels.size)
-    if summary[key] > majority:
-        return None
-    return (f"its final {key.replace('_', ' ')} {summary[key]:.4f} is no better than always predicting the most "
-            f"frequent class of its test labels ({majority:.4f}): the run learned nothing")
+    return (f"its final {key.replace('_', ' ')} {reached:.4f} is no better than {what} ({baseline:.4f}): "
+            "the run learned nothing")
