@@ -170,6 +170,21 @@ def connect(grid: Grid, num_clients: int, traffic: Traffic, wait_s: float = NODE
     return fed
 
 
+#: Seconds a node that another claims to replace has to answer that it still serves its partition.
+PING_S = 30.0
+
+
+def _still_served(grid: Grid, node: int, pid: int, traffic: Traffic, handshake: ConfigRecord | None,
+                  timeout: float | None) -> bool:
+    """Whether ``node``, listed by the SuperLink, still answers that it serves partition ``pid``
+    (within ``timeout``, at most :data:`PING_S` seconds: a dead node that the SuperLink still lists
+    would make it wait until the node's heartbeats expire)."""
+    if node not in set(grid.get_node_ids()):
+        return False
+    answers, _ = _ask_partitions(grid, [node], traffic, handshake, min(timeout or PING_S, PING_S))
+    return any(served == pid for served, *_ in answers)
+
+
 def error_line(reason: str) -> str:
     """A client's own error message (its first line) in the reason of an error reply, which Ray
     and Flower wrap in their names, a traceback and colour codes."""
@@ -209,6 +224,12 @@ def rejoin(grid: Grid, fed: Federation, traffic: Traffic, handshake: ConfigRecor
     for pid, node, size, _, process in answers:
         if pid not in fed.node_of:
             log(WARNING, "node %d serves partition %d, which is not part of this run: ignored", node, pid)
+            fed.strangers.add(node)
+            continue
+        if _still_served(grid, fed.node_of[pid], pid, traffic, handshake, timeout):
+            log(WARNING, "node %d claims partition %d, which node %d still serves: refused (node %d keeps "
+                "serving it; give the new SuperNode the partition-id of the node it replaces)",
+                node, pid, fed.node_of[pid], fed.node_of[pid])
             fed.strangers.add(node)
             continue
         log(INFO, "[flrep] client %d rejoined on node %d (was node %d)", pid, node, fed.node_of[pid])

@@ -52,9 +52,14 @@ def skipped_too_many(trains: list[dict], limit: float) -> str | None:
     skipped = [r["round"] for r in trains if r.get("skipped")]
     if not trains or (len(skipped) < len(trains) and len(skipped) <= limit * len(trains)):
         return None
+    why = "see the failures in metrics.jsonl"
+    first = next(r for r in trains if r.get("skipped"))
+    non_finite = next((f"client {pid}'s reply: {reason.removeprefix('rejected: ')}"
+                       for pid, reason in first.get("failures", {}).items() if "NaN or Inf" in reason), None)
+    if non_finite is not None:
+        why = f"round {first['round']}: {non_finite}: the run diverged"
     return (f"{len(skipped)} of {len(trains)} training rounds were skipped (rounds {skipped[:10]}"
-            f"{' ...' if len(skipped) > 10 else ''}; faults.max_skipped_fraction={limit:g}): "
-            "see the failures in metrics.jsonl")
+            f"{' ...' if len(skipped) > 10 else ''}; faults.max_skipped_fraction={limit:g}): {why}")
 
 
 def no_final_metric(summary: dict, global_loss: float | None, final_window: int) -> str | None:
