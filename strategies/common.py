@@ -197,9 +197,16 @@ def round_lr(cfg: DictConfig, server_round: int) -> float:
     return float(cfg.train.lr) * float(cfg.train.lr_decay) ** (server_round - 1)
 
 
+#: How the reason of a failed client starts when no node answered for its partition (the node is
+#: gone, or its reply came too late), as opposed to a client that answered with an error.
+UNSERVED_REASONS = ("no reply", "unavailable: ")
+
+
 def failure_fields(failed: dict[int, str]) -> dict:
-    """A record's failure fields: the failed partition ids and why each failed."""
-    return {"failed_clients": list(failed), "failures": {str(pid): why for pid, why in failed.items()}}
+    """A record's failure fields: the failed partition ids, why each failed, and those of them
+    that no node served (:data:`UNSERVED_REASONS`)."""
+    return {"failed_clients": list(failed), "failures": {str(pid): why for pid, why in failed.items()},
+            "unserved_clients": [pid for pid, why in failed.items() if why.startswith(UNSERVED_REASONS)]}
 
 
 def fmt(value: float | None) -> str:

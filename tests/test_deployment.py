@@ -79,12 +79,12 @@ def test_a_killed_supernode_does_not_end_the_run(tmp_path):
     with LocalDeployment(tmp_path / "deployment") as deployment:
         _start_nodes(deployment, 3)
         overrides = RUN + ["algorithm=fedavg", "rounds=3", "data.num_clients=3", "faults.reply_timeout_s=60",
-                           f"out_dir={out}"]
+                           "faults.allow_unserved=true", f"out_dir={out}"]
         runner = _run_in_background_until_round_one_ends(deployment, overrides, out)
         deployment.stop("supernode-2")  # the node of partition 2 dies after round 1
         runner.join()
     summary = _summary(out, tmp_path / "deployment")
-    assert summary["status"] == "completed"
+    assert summary["status"] == "completed" and summary["unserved_partitions"].get("2", 0) >= 1
     trains = {r["round"]: r for r in _records(out) if r["phase"] == "train"}
     assert trains[1]["failed_clients"] == []
     assert trains[3]["failed_clients"] == [2] and "skipped" not in trains[3]
@@ -101,7 +101,7 @@ def test_a_restarted_supernode_rejoins_with_the_state_it_kept_on_disk(tmp_path):
         for i in range(3):
             deployment.start_supernode(i, node[i])
         overrides = RUN + ["algorithm=fedrep", "rounds=3", "data.num_clients=3", "faults.reply_timeout_s=60",
-                           f"out_dir={out}"]
+                           "faults.allow_unserved=true", f"out_dir={out}"]
         runner = _run_in_background_until_round_one_ends(deployment, overrides, out)
         deployment.stop("supernode-2")  # partition 2's node goes down after round 1 and comes back
         deployment.start_supernode(2, node[2], name="supernode-2-restarted")
@@ -113,6 +113,26 @@ def test_a_restarted_supernode_rejoins_with_the_state_it_kept_on_disk(tmp_path):
     assert trains[1]["failed_clients"] == [] and trains[3]["failed_clients"] == []
     assert trains[3]["clients"] == [0, 1, 2]
     assert "client 2: state of round 1 restored" in restarted_log  # its FedRep head, from its state-dir
+
+
+@pytest.mark.injects_faults  # a SuperNode goes down mid-run and another claims a live node's partition
+def test_a_supernode_claiming_a_partition_a_live_node_serves_is_refused_and_the_run_is_incomplete(tmp_path):
+    out = tmp_path / "out"
+    with LocalDeployment(tmp_path / "deployment") as deployment:
+        _start_nodes(deployment, 3)
+        overrides = RUN + ["algorithm=fedavg", "rounds=4", "data.num_clients=3", "faults.reply_timeout_s=60",
+                           f"out_dir={out}"]
+        runner = _run_in_background_until_round_one_ends(deployment, overrides, out)
+        deployment.stop("supernode-1")  # partition 1's node dies; its restart claims partition 2 by mistake
+        deployment.start_supernode(1, {"partition-id": 2, "num-partitions": 3}, name="supernode-1-as-2")
+        runner.join()
+        run_log = (deployment.work / "run.log").read_text()
+    summary = _summary(out, tmp_path / "deployment")
+    assert "which node" in run_log and "still serves: refused" in run_log, run_log[-3000:]
+    trains = [r for r in _records(out) if r["phase"] == "train"]
+    assert all(2 not in r["failed_clients"] for r in trains)  # the live node of partition 2 kept serving it
+    assert summary["unserved_partitions"].get("1", 0) >= 1
+    assert summary["status"] == "incomplete" and "partition(s) 1 (" in summary["failure_reason"]
 
 
 def test_an_authenticated_supernode_joins_and_an_unregistered_key_is_refused(tmp_path):

@@ -21,8 +21,9 @@ from flower_app.run import run_dir
 from flower_app.run.console import RoundBar
 from flower_app.run.ray_cluster import refuse_unnamed_cluster
 from flower_app.run.config import PROJECT_DIR, clients_per_round, server_device, validate_with_data
-from flower_app.app.outcome import (command_startup_s, describe_window, diverged, no_better_than_chance,
-                                      no_final_metric, output_dir, skipped_too_many)
+from flower_app.app.outcome import (command_startup_s, describe_window, diverged, incomplete,
+                                      no_better_than_chance, no_final_metric, output_dir, skipped_too_many,
+                                      unserved_partitions)
 from flower_app.app.federation import Federation, NodeSubset, Traffic, connect, rejoin
 from flower_app.results.progress import EXTRA_PROGRESS, terminal_round_line
 from flower_app.results.contract import RunRecorder
@@ -245,7 +246,7 @@ class Experiment:
             raise
         self.tracker.finish(summary)
         if summary["status"] != "completed":
-            log(ERROR, "[flrep] run failed: %s", summary["failure_reason"])
+            log(ERROR, "[flrep] run %s: %s", summary["status"], summary["failure_reason"])
         log(INFO, "[flrep] personalized accuracy %s, global accuracy %s (%s), %.1fs",
             fmt(summary["personalized_accuracy"]), fmt(summary["global_accuracy"]),
             describe_window(summary["final_window_rounds"]), summary["wall_time_s"])
@@ -362,6 +363,7 @@ class Experiment:
             "final_window_rounds": final_window_rounds([r["round"] for r in evals], [r.get(headline) for r in evals],
                                                        self.last_main_round, window),
             "failed_client_replies": sum(len(r.get("failed_clients", [])) for r in records),
+            "unserved_partitions": unserved_partitions(records),
             "rounds_skipped": [r["round"] for r in trains if r.get("skipped")],
             "wall_time_s": time.monotonic() - self.start,
             "startup_s": self.startup_s,
@@ -390,6 +392,8 @@ class Experiment:
                   or next(filter(None, (p.run_failure(summary, self.services) for p in self.protocols)), None))
         if reason is not None:
             summary.update(status="failed", failure_reason=reason)
+        elif not cfg.faults.allow_unserved and (gaps := incomplete(summary["unserved_partitions"])):
+            summary.update(status="incomplete", failure_reason=gaps)
         return summary
 
     def already_failed(self, rounds: int) -> bool:

@@ -13,6 +13,7 @@ from logging import DEBUG, INFO, WARNING
 
 import numpy as np
 from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
@@ -170,6 +171,8 @@ def connect(grid: Grid, num_clients: int, traffic: Traffic, wait_s: float = NODE
     return fed
 
 
+#: The errors a SuperLink makes for a message that no node took or answered (its node is gone).
+SUPERLINK_ERRORS = (ErrorCode.NODE_UNAVAILABLE, ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE)
 #: Seconds a node that another claims to replace has to answer that it still serves its partition.
 PING_S = 30.0
 
@@ -302,7 +305,8 @@ def exchange(grid: Grid, messages: list[Message], traffic: Traffic, fed: Federat
         node = sent.metadata.dst_node_id if sent is not None else rep.metadata.src_node_id
         pid = fed.pid_of.get(node, -1)
         if rep.has_error():
-            failed[pid] = f"error: {plain(rep.error.reason)}"
+            said = "unavailable" if rep.error.code in SUPERLINK_ERRORS else "error"  # strategies.common.UNSERVED_REASONS
+            failed[pid] = f"{said}: {plain(rep.error.reason)}"
         elif sent is None or rep.metadata.src_node_id != node:
             failed[pid] = "reply to no message of this exchange"
         else:

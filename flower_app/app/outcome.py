@@ -62,6 +62,24 @@ def skipped_too_many(trains: list[dict], limit: float) -> str | None:
             f"{' ...' if len(skipped) > 10 else ''}; faults.max_skipped_fraction={limit:g}): {why}")
 
 
+def unserved_partitions(records: list[dict]) -> dict[str, int]:
+    """Partition id -> the number of rounds in which no node answered for it (any phase)."""
+    rounds: dict[int, set[int]] = {}
+    for record in records:
+        for pid in record.get("unserved_clients", []):
+            rounds.setdefault(int(pid), set()).add(int(record["round"]))
+    return {str(pid): len(rounds[pid]) for pid in sorted(rounds)}
+
+
+def incomplete(unserved: dict[str, int]) -> str | None:
+    """Why a run that went through its rounds is ``incomplete``: partitions that went unserved; None otherwise."""
+    if not unserved:
+        return None
+    shown = ", ".join(f"{pid} ({n} round{'s' if n > 1 else ''})" for pid, n in list(unserved.items())[:10])
+    return (f"no node answered for partition(s) {shown}: the results leave them out there; "
+            "faults.allow_unserved=true accepts such a run")
+
+
 def no_final_metric(summary: dict, global_loss: float | None, final_window: int) -> str | None:
     """Why the run has no result: no evaluation of its final window produced a loss (every
     client's evaluation failed or was rejected, e.g. a diverged model's NaN); None otherwise."""

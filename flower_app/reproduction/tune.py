@@ -80,7 +80,7 @@ def tune(table: Table, name: str, scale: str, out: Path, settings: list[str] = (
                 print(f"[tune] {key} was run with other values of {', '.join(differing[:6])}: moved to {moved}", flush=True)
                 summary = {}
             record = {"status": summary.get("status")}
-            if summary.get("status") not in ("completed", "failed"):
+            if summary.get("status") not in ("completed", "failed", "incomplete"):
                 print(f"[tune] run {i + 1}/{len(grid)}: {cell.name} {key}", flush=True)
                 cmd = command(table, scale, job, folder, settings)
                 folder.parent.mkdir(parents=True, exist_ok=True)

@@ -151,6 +151,7 @@ class FaultsConfig:
     max_skipped_fraction: float = unit_interval()
     reply_timeout_s: Optional[float] = positive()
     node_wait_s: float = nonnegative()
+    allow_unserved: bool = MISSING
 
 
 @dataclass
