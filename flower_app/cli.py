@@ -8,12 +8,12 @@ import os
 import sys
 
 from flower_app.commands import (bench_round, certs, data, deploy, diagnose, export, lg_synthetic, listing, reproduce,
-                                 run, split_data, superlink, tune)
+                                 run, split_data, state, superlink, tune)
 from flower_app.run.stop_signals import Stopped, stopping_on_signals
 
 #: The subcommands in ``flrep --help``'s order, each module with ``add_parser(sub)``.
 COMMANDS = (run, bench_round, deploy, certs, split_data, superlink, export, diagnose, listing, lg_synthetic, data,
-            reproduce, tune)
+            state, reproduce, tune)
 
 
 def build_parser() -> argparse.ArgumentParser:

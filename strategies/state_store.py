@@ -5,8 +5,9 @@ pickled through the simulation every round.
 Files live in one folder per run and client (partition id, not node id: a restarted
 SuperNode gets a new node id but serves the same client) under the node config's
 ``state-dir`` when the SuperNode has one; in ``flrep run``'s simulation (whose nodes share the
-server's disk) under ``client_state.dir`` (default ``<data.cache_dir>/client-state``); on any
-other node under its user's ``~/.cache/flrep/node-state``: a node never writes where the
+server's disk) under ``client_state.dir`` (default ``<run folder>/client-state``, removed when
+the run completes); on any other node under its user's ``~/.cache/flrep/node-state`` (``flrep
+state`` lists and removes what finished runs left there): a node never writes where the
 server's configuration says. A node with a ``state-dir`` keeps all its state on
 disk, so a restarted SuperNode of the same run finds it again;
 ``client_state.disk_above_bytes`` is otherwise the size from which arrays go to disk.
@@ -14,6 +15,7 @@ disk, so a restarted SuperNode of the same run finds it again;
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from logging import INFO
@@ -49,16 +51,21 @@ def on_cluster(cfg) -> bool:
     return in_simulation() or (ray is not None and ray.is_initialized())
 
 
+#: The folder of a run's client state inside its run folder (removed when the run completes).
+RUN_STATE = "client-state"
+
+
 def state_root(cfg) -> Path:
-    """The run config's folder for state files: ``client_state.dir``; else on a Ray cluster
-    ``<run folder>/client-state`` (a folder every node shares, checked at start), elsewhere
-    ``<data.cache_dir>/client-state`` (the server's files; simulated nodes', which share the server's disk)."""
+    """The run config's folder for state files (the server's, and those of simulated nodes, which
+    share the server's disk): ``client_state.dir``; else ``<run folder>/client-state`` (on a Ray
+    cluster a folder every node shares, checked at start); without a run folder (``flwr run .``
+    without ``out_dir``) ``<data.cache_dir>/client-state``."""
     if cfg.client_state.dir:
         return Path(str(cfg.client_state.dir)).expanduser()
     run_folder = cfg.resume or cfg.out_dir
-    if cfg.simulation.ray_address and run_folder:
-        return Path(str(run_folder)).expanduser() / "client-state"
-    return Path(str(cfg.data.cache_dir)).expanduser() / "client-state"
+    if run_folder:
+        return Path(str(run_folder)).expanduser() / RUN_STATE
+    return Path(str(cfg.data.cache_dir)).expanduser() / RUN_STATE
 
 
 def node_home(node_state_dir: str | None) -> Path:
@@ -84,6 +91,22 @@ def node_file(rt: ClientRuntime, name: str, suffix: str = ".pt") -> Path:
     return node_root(rt.cfg, rt.state_dir) / f"run{rt.run_id}-client{rt.partition_id}" / f"{safe}{suffix}"
 
 
+#: The file in each folder of kept state that names the run folder it belongs to (``flrep state``).
+OWNER_FILE = "owner.json"
+
+
+def mark_owner(folder: Path, cfg) -> None:
+    """Name, once, the run folder (the server's ``out_dir``; null when it chose a default) that the
+    state in ``folder`` belongs to, so ``flrep state`` can tell when that run is finished or gone."""
+    owner = folder / OWNER_FILE
+    if owner.is_file():
+        return
+    run_folder = cfg.resume or cfg.out_dir
+    folder.mkdir(parents=True, exist_ok=True)
+    owner.write_text(json.dumps({"run_folder": str(Path(str(run_folder)).expanduser()) if run_folder else None,
+                                 "experiment": str(cfg.experiment)}) + "\n")
+
+
 def keep_arrays(rt: ClientRuntime, name: str, tensors: dict[str, torch.Tensor]) -> None:
     """Keep ``tensors`` for this client under ``name`` (memory or disk by size)."""
     size = sum(t.numel() * t.element_size() for t in tensors.values())
@@ -92,6 +115,7 @@ def keep_arrays(rt: ClientRuntime, name: str, tensors: dict[str, torch.Tensor]) 
         rt.state[key] = ArrayRecord({k: t.detach().cpu() for k, t in tensors.items()})
         return
     path = node_file(rt, name)
+    mark_owner(path.parent, rt.cfg)
     save_torch_atomic({k: t.detach().cpu() for k, t in tensors.items()}, path)
     rt.state[key] = ConfigRecord({"path": str(path)})
 

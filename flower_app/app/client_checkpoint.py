@@ -29,7 +29,7 @@ from flower_app.run.config import run_config_of
 from flower_app.app.timing import stamp
 from strategies import ALGORITHMS
 from strategies.common import CONFIG
-from strategies.state_store import in_simulation, node_home, safe_name
+from strategies.state_store import in_simulation, mark_owner, node_home, safe_name
 from task.files import load_torch, save_torch_atomic
 
 LOCATION = "flrep-checkpoint"  # context.state entry: where this node's snapshots go
@@ -77,14 +77,17 @@ def _client_dir(context: Context) -> Path:
 
 
 def _remember(context: Context, config: ConfigRecord) -> None:
-    if "state-dir" not in context.node_config and in_simulation():
-        folder = Path(str(config["checkpoint-dir"]))  # flrep's simulated nodes share the server's disk
+    own = "state-dir" in context.node_config or not in_simulation()  # else the server's run folder (shared disk)
+    if not own:
+        folder = Path(str(config["checkpoint-dir"]))
     else:
         state_dir = context.node_config.get("state-dir")
         folder = node_home(str(state_dir) if state_dir else None) / "checkpoints"
         folder = folder / safe_name(str(config.get("checkpoint-key", "run")))
     try:
         folder.mkdir(parents=True, exist_ok=True)
+        if own:
+            mark_owner(folder, run_config_of(context.run_config))
     except OSError as err:
         log(WARNING, "client state is not snapshotted (%s): a resumed run starts this client afresh; give the "
             "SuperNode a state-dir in its node config", err)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 import time
 from logging import ERROR, INFO
@@ -22,6 +23,7 @@ from flower_app.run.config import server_device, validate_with_data, variants_fr
 from flower_app.app.experiment import Experiment
 from flower_app.app.outcome import output_dir
 from strategies.checks import require
+from strategies.state_store import RUN_STATE
 from task.errors import ConfigError
 from task.files import WriteFailed
 
@@ -98,6 +100,15 @@ def check_simulated_nodes(grid: Grid, num_clients: int, wait_s: float) -> None:
 def run_variants(grid: Grid, variants: tuple[DictConfig, ...]) -> dict:
     """Run each variant in turn on the same federation; with several, write the comparison."""
     check_simulated_nodes(grid, int(variants[0].data.num_clients), float(variants[0].faults.node_wait_s))
+    summary = _run_each(grid, variants)
+    if summary.get("status") == "completed":  # nothing is left to resume: the working files of its clients go
+        base = output_dir(variants[0])
+        for folder in [base, *(base / cfg.label for cfg in variants if len(variants) > 1)]:
+            shutil.rmtree(folder / RUN_STATE, ignore_errors=True)
+    return summary
+
+
+def _run_each(grid: Grid, variants: tuple[DictConfig, ...]) -> dict:
     if len(variants) == 1:
         return Experiment(grid, variants[0]).run()  # it makes preflight's checks itself before writing
     preflight(variants)  # every variant's errors stop the run before the first variant writes anything
