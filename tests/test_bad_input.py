@@ -26,7 +26,8 @@ from task.errors import ConfigError
 from tests.local_grid import LocalGrid
 from tests.offline_data import shared
 
-TINY = ["wandb.enabled=false", "compare=[]", "data.num_clients=4", "rounds=1", "eval.final_window=1"]
+TINY = ["wandb.enabled=false", "compare=[]", "data.num_clients=4", "train.fraction=1.0", "rounds=1",
+        "eval.final_window=1"]
 
 
 def tree(root: Path) -> dict[str, str]:
@@ -71,8 +72,8 @@ def test_resume_without_a_checkpoint_says_so_and_starts_fresh_moving_started_fil
 
     started = tmp_path / "run"
     started.mkdir()
-    (started / "config.yaml").write_text("rounds: 1\n")  # a run stopped before its first checkpoint
-    (started / "metrics.jsonl").write_text("")
+    (started / "config.yaml").write_text("rounds: 1\n")  # a run stopped after a round, before its first checkpoint
+    (started / "metrics.jsonl").write_text('{"round": 1, "phase": "train"}\n')
     before = tree(started)
     overrides, cfg, out = _prepare(parse_args(["run", "quickstart", *TINY, f"resume={started}"]))
     err = capsys.readouterr().err

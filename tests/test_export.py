@@ -15,7 +15,7 @@ from flower_app.app.server_app import run_variants
 from task.data.federated_data import build_federated_data
 from tests.local_grid import LocalGrid
 
-RUN = "wandb.enabled=false compare=[] rounds=3 eval.final_window=1"
+RUN = "wandb.enabled=false compare=[] rounds=3 eval.final_window=1 train.fraction=1.0"
 
 
 def _run(tmp_path, algorithm: str):

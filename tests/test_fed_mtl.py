@@ -115,7 +115,7 @@ def test_bad_values_are_refused_naming_the_key(override, key, allowed):
 
 
 def test_only_the_regularised_layers_ever_leave_a_client(tmp_path):
-    overrides = f"algorithm=fed_mtl compare=[] rounds=3 mtl.lam1=0.5 wandb.enabled=false out_dir={tmp_path}"
+    overrides = f"algorithm=fed_mtl compare=[] rounds=3 train.fraction=1.0 mtl.lam1=0.5 wandb.enabled=false out_dir={tmp_path}"
     grid = LocalGrid(20, {"experiment": "quickstart", "overrides": overrides})
     summary = run_variants(grid, load_variants("quickstart", overrides))
     assert summary["status"] == "completed" and summary["personalized_accuracy"] is not None
@@ -124,14 +124,14 @@ def test_only_the_regularised_layers_ever_leave_a_client(tmp_path):
     regularised = set(fed_mtl.regularised_keys(model, cfg))
     assert regularised == {"fc1.1.weight", "fc1.1.bias"}
     train_replies = [r for r in grid.replies if r.metadata.message_type == "train"]
-    assert len(train_replies) == 3 * 5
+    assert len(train_replies) == 3 * 20
     for msg in grid.sent + grid.replies:
         for record in msg.content.array_records.values():
             assert not set(record) - regularised, f"{msg.metadata.message_type} message carried {set(record)}"
     assert not any(len(record) for m in grid.sent + grid.replies if m.metadata.message_type == "evaluate"
                    for record in m.content.array_records.values())
     reg_params = sum(model.state_dict()[k].numel() for k in regularised)
-    assert summary["params_up"] == summary["params_down"] == 15 * reg_params
+    assert summary["params_up"] == summary["params_down"] == 60 * reg_params
 
     # by value: each client's last reply is its kept regularised layers, and no sent array holds a kept other layer
     node_of_reply = {}

@@ -46,7 +46,7 @@ def snapshot(model, keys):
 
 @pytest.mark.parametrize("algorithm", ["fedrep", "fedper"])
 def test_no_head_parameter_ever_leaves_a_client(tmp_path, algorithm):
-    overrides = f"algorithm={algorithm} compare=[] rounds=3 wandb.enabled=false out_dir={tmp_path}"
+    overrides = f"algorithm={algorithm} compare=[] rounds=3 train.fraction=1.0 wandb.enabled=false out_dir={tmp_path}"
     grid = LocalGrid(20, {"experiment": "quickstart", "overrides": overrides})
     summary = run_variants(grid, load_variants("quickstart", overrides))
     assert summary["status"] == "completed"
@@ -55,7 +55,7 @@ def test_no_head_parameter_ever_leaves_a_client(tmp_path, algorithm):
     head, body = set(head_keys(model, cfg)), set(body_keys(model, cfg))
     assert head == {"fc2.weight", "fc2.bias"}
     train_replies = [r for r in grid.replies if r.metadata.message_type == "train"]
-    assert len(train_replies) == 3 * 5
+    assert len(train_replies) == 3 * 20
     for msg in grid.sent + grid.replies:
         for record in msg.content.array_records.values():
             assert not head & set(record), f"{msg.metadata.message_type} message carried head arrays"
@@ -63,7 +63,7 @@ def test_no_head_parameter_ever_leaves_a_client(tmp_path, algorithm):
         assert set(rep.content[ARRAYS]) == body
     # the server's traffic count matches: body parameters only, 5 clients x 3 rounds
     body_params = sum(model.state_dict()[k].numel() for k in body)
-    assert summary["params_up"] == 15 * body_params
+    assert summary["params_up"] == 60 * body_params
 
 
 def test_head_survives_across_rounds_in_client_state():

@@ -90,7 +90,7 @@ def test_goal_accuracy_switches_after_the_first_round_that_reaches_it(tmp_path):
 
 def test_lg_rounds_follow_the_goal_and_end_the_run(tmp_path):
     grid, summary = run_lg(tmp_path, "lg.fedavg_rounds=null lg.goal_accuracy=0.05 lg.lg_rounds=2 rounds=20 "
-                                     "eval.every=1 eval.final_window=2")
+                                     "eval.every=1 eval.final_window=2 train.fraction=1.0")
     assert summary["status"] == "completed"
     assert summary["lg_switch_round"] == 2 and summary["lg_rounds_trained"] == 2
     train_rounds = {int(m.content["config"]["server-round"]) for m in grid.sent if m.metadata.message_type == "train"}

@@ -231,7 +231,7 @@ def test_a_node_without_data_path_or_with_other_inputs_is_refused_at_start(tmp_p
     for prefix in ("train", "t10k"):
         _write_idx_gz(small / f"{prefix}-images-idx3-ubyte.gz", rng.integers(0, 256, (10, 20, 20)))
         _write_idx_gz(small / f"{prefix}-labels-idx1-ubyte.gz", np.arange(10))
-    with pytest.raises(ConfigError, match=r"start-up handshakes: node \d+: ConfigError: node config data-path=.*small.*images have shape \(20, 20\); expected \(28, 28\)"):
+    with pytest.raises(ConfigError, match=r"failed their start-up handshake with: ConfigError: node config data-path=.*small.*images have shape \(20, 20\); expected \(28, 28\)"):
         _mnist_federation(tmp_path, "other-shape", {0: dirs[0], 1: dirs[1], 2: small}, client_errors=True)
     assert (tmp_path / "other-shape" / "metrics.jsonl").read_text() == ""  # no round ran
 

@@ -84,7 +84,7 @@ def test_the_lock_file_is_no_result_and_leaves_with_its_owner(tmp_path):
 def test_a_run_moved_aside_leaves_the_lock_behind(tmp_path):
     folder = tmp_path / "run"
     folder.mkdir()
-    (folder / "metrics.jsonl").write_text("")
+    (folder / "metrics.jsonl").write_text("{}\n")
     with run_lock.hold(folder):
         moved = run_dir.move_aside(folder)
         assert [p.name for p in moved.iterdir()] == ["metrics.jsonl"]

@@ -28,7 +28,8 @@ from flower_app.app.server_app import run_variants
 from tests.local_grid import LocalGrid
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["wandb.enabled=false", "data.num_clients=4", "rounds=2", "eval.final_window=1", "fedrep.head_epochs=1"]
+TINY = ["wandb.enabled=false", "data.num_clients=4", "train.fraction=1.0", "rounds=2", "eval.final_window=1",
+        "fedrep.head_epochs=1"]
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 

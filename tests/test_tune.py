@@ -111,7 +111,8 @@ def test_a_client_reports_accuracy_on_its_validation_part_beside_its_test_accura
 @pytest.mark.parametrize("algorithm", ["fedavg", "fedrep"])  # scored on the server / by the clients
 def test_a_run_with_a_validation_split_reports_validation_accuracy_each_round_and_in_its_summary(tmp_path, algorithm):
     def run(fraction):
-        overrides = (f"algorithm={algorithm} compare=[] rounds=3 wandb.enabled=false out_dir={tmp_path / str(fraction)} "
+        overrides = (f"algorithm={algorithm} compare=[] rounds=3 train.fraction=1.0 wandb.enabled=false "
+                     f"out_dir={tmp_path / str(fraction)} "
                      f"data.validation_fraction={fraction}")
         grid = LocalGrid(20, {"experiment": "quickstart", "overrides": overrides})
         summary = run_variants(grid, load_variants("quickstart", overrides))
