@@ -188,7 +188,7 @@ def _still_served(grid: Grid, node: int, pid: int, traffic: Traffic, handshake: 
     return any(served == pid for served, *_ in answers)
 
 
-def error_line(reason: str) -> str:
+def _error_line(reason: str) -> str:
     """A client's own error message (its first line) in the reason of an error reply, which Ray
     and Flower wrap in their names, a traceback and colour codes."""
     text = plain(reason)
@@ -204,7 +204,7 @@ def _unserved(missing: list[int], failures: dict[int, str], nodes: int) -> Confi
     error of the nodes whose handshake failed, a plug-in that the ClientApps cannot import above all."""
     if not failures:
         return ConfigError(f"data.num_clients: no node serves partition ids {missing[:10]}")
-    line, count = Counter(error_line(reason) for reason in failures.values()).most_common(1)[0]
+    line, count = Counter(_error_line(reason) for reason in failures.values()).most_common(1)[0]
     where = f"{count} of {nodes} nodes' ClientApps"
     if line.startswith("plugins: "):  # imported by this ServerApp, not where the clients run
         return ConfigError(f"{line} (in {where}; the ServerApp imported it)")
