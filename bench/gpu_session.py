@@ -35,8 +35,10 @@ NEEDED = ("flwr", "ray", "omegaconf", "datasets", "flwr_datasets")  # not on the
 SITE = Path(tempfile.gettempdir()) / "flrep-site"  # where the carried wheels go (on every child's PYTHONPATH)
 PART = re.compile(r"^(?P<name>.+)\.part\d+$")
 EXPERIMENT = ["fedrep_cifar10_100x2", "eval.every=1", "train.augment=crop_flip"]  # docs/benchmark.md's runs
-# --dry-run: two clients of 5,000 images a round, 100 steps a phase (enough to beat the learned-nothing check)
-TINY = ["rounds=2", "data.num_clients=10", "train.fraction=0.2", "train.batch_size=50", "fedrep.head_epochs=1"]
+# --dry-run: all ten clients of 5,000 images each round, 50 steps a phase: each client trains, so the runs beat
+# the learned-nothing check (each client's own majority label)
+TINY = ["rounds=2", "data.num_clients=10", "train.fraction=1.0", "train.batch_size=50", "fedrep.head_epochs=1",
+        "fedrep.head_steps=50", "train.local_steps=50"]
 CELL = {False: ("fedrep_table1_cifar10", "fedavg_100x2"), True: ("lg_table4_adult", "lg_noniid")}  # by dry run
 CELL_GPUS = 0.2
 

@@ -22,6 +22,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.terminal_signals import as_in_a_terminal
+
 pytestmark = pytest.mark.slow
 
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -114,7 +116,7 @@ def test_a_resumed_cluster_run_equals_an_uninterrupted_one(cluster, tmp_path):
     parts = tmp_path / "parts"
     env = dict(os.environ, HOME=str(homes[0]))
     proc = subprocess.Popen([sys.executable, "-m", "flower_app.cli", "run", *on_cluster, "--out", str(parts)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=as_in_a_terminal)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and proc.poll() is None and len(_evals(parts) if (parts / "metrics.jsonl").is_file() else []) < 3:
         time.sleep(0.2)
