@@ -25,7 +25,7 @@ from flower_app.app.outcome import (command_startup_s, describe_window, diverged
                                       no_better_than_chance, no_final_metric, output_dir, skipped_too_many,
                                       unserved_partitions)
 from flower_app.app.federation import Federation, NodeSubset, Traffic, connect, rejoin
-from flower_app.results.progress import EXTRA_PROGRESS, terminal_round_line
+from flower_app.results.progress import round_line, terminal_round_line
 from flower_app.results.contract import RunRecorder
 from flower_app.results.provenance import executed_sources
 from flower_app.app.services import RunServices
@@ -301,7 +301,7 @@ class Experiment:
                     self.last_main_round, self.main_done = t, True
             last = self.strategy.last_round(rounds)
             per_round = (time.monotonic() - loop_start) / (t - first_round + 1)
-            bar.advance(self.round_line(t, last, train_record, eval_record, per_round),
+            bar.advance(round_line(t, last, train_record, eval_record, time.monotonic() - self.start, per_round),
                         terminal_round_line(t, last, train_record, eval_record, time.monotonic() - self.start,
                                             per_round * (last - t)))
             if not self.main_done and (t >= last or self.already_failed(rounds)):
@@ -319,23 +319,6 @@ class Experiment:
             if record is not None:
                 self.log_record(record)
         return self.summary()
-
-    def round_line(self, t: int, rounds: int, train: dict, evaluation: dict | None, seconds_per_round: float) -> str:
-        """Round ``t`` in one line: training loss, clients that replied, traffic so far, the
-        accuracies when evaluated, training-and-evaluation time so far and the ETA."""
-        asked = train.get("asked", len(train["clients"]))  # more than the sampled: Local-only's clients=all
-        replied = asked - len(train.get("failed_clients", []))
-        parts = [f"round {t}/{rounds}", "skipped" if train.get("skipped") else f"train loss {fmt(train.get('train_loss'))}",
-                 f"{replied}/{asked} clients replied",
-                 f"up {train['bytes_up'] / 1e6:.1f} MB, down {train['bytes_down'] / 1e6:.1f} MB"]
-        if evaluation is not None:
-            parts.append(f"personalized acc {fmt(evaluation['personalized_accuracy'])}")
-            parts.append(f"global acc {fmt(evaluation.get('global_accuracy'))}")
-            parts += [f"{name} {fmt(evaluation.get(key))}" for key, name, _ in EXTRA_PROGRESS
-                      if evaluation.get(key) is not None
-                      and (key != "personalized_loss" or evaluation["personalized_accuracy"] is None)]
-        parts.append(f"elapsed {time.monotonic() - self.start:.1f}s | ETA {seconds_per_round * (rounds - t):.1f}s")
-        return "[flrep] " + " | ".join(parts)
 
     def summary(self) -> dict:
         cfg, records = self.cfg, self.recorder.records

@@ -29,6 +29,25 @@ def clock(seconds: float) -> str:
     return f"{minutes // 60}h{minutes % 60:02d}m"
 
 
+def round_line(t: int, rounds: int, train: dict, evaluation: dict | None, elapsed_s: float,
+               seconds_per_round: float) -> str:
+    """Round ``t`` in one line: training loss, clients that replied, traffic so far, the
+    accuracies when evaluated, training-and-evaluation time so far and the ETA."""
+    asked = train.get("asked", len(train["clients"]))  # more than the sampled: Local-only's clients=all
+    replied = asked - len(train.get("failed_clients", []))
+    parts = [f"round {t}/{rounds}", "skipped" if train.get("skipped") else f"train loss {fmt(train.get('train_loss'))}",
+             f"{replied}/{asked} clients replied",
+             f"up {train['bytes_up'] / 1e6:.1f} MB, down {train['bytes_down'] / 1e6:.1f} MB"]
+    if evaluation is not None:
+        parts.append(f"personalized acc {fmt(evaluation['personalized_accuracy'])}")
+        parts.append(f"global acc {fmt(evaluation.get('global_accuracy'))}")
+        parts += [f"{name} {fmt(evaluation.get(key))}" for key, name, _ in EXTRA_PROGRESS
+                  if evaluation.get(key) is not None
+                  and (key != "personalized_loss" or evaluation["personalized_accuracy"] is None)]
+    parts.append(f"elapsed {elapsed_s:.1f}s | ETA {seconds_per_round * (rounds - t):.1f}s")
+    return "[flrep] " + " | ".join(parts)
+
+
 def terminal_round_line(t: int, rounds: int, train: dict, evaluation: dict | None, elapsed_s: float,
                         eta_s: float) -> str:
     """Round ``t`` for a terminal: training loss, the clients that replied only when some did not,
