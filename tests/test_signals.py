@@ -49,6 +49,23 @@ def _left_behind(sid: int, marker: str) -> list[str]:
     return found
 
 
+def _still_alive_after(sid: int, marker: str, seconds: float = 15) -> list[str]:
+    """:func:`_left_behind` once they are gone or ``seconds`` have passed."""
+    deadline = time.monotonic() + seconds
+    while _left_behind(sid, marker) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return _left_behind(sid, marker)
+
+
+def _kill_all(sid: int, marker: str) -> None:
+    """SIGKILL to ``sid`` and to whatever of it is left behind (a failed test leaves nothing running)."""
+    for pid in (sid, *(int(line.split()[0]) for line in _left_behind(sid, marker))):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def _records(out: Path) -> list[dict]:
     path = out / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
@@ -71,16 +88,9 @@ def _stop(cmd: list[str], out: Path, tmp_path: Path, sig: int, target: str = "gr
         _wait_for_round(proc, out, log)
         (os.killpg if target == "group" else os.kill)(proc.pid, sig)
         code = proc.wait(timeout=90)
-        deadline = time.monotonic() + 15
-        while _left_behind(proc.pid, marker) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        left = _left_behind(proc.pid, marker)
+        left = _still_alive_after(proc.pid, marker)
     finally:
-        for pid in (proc.pid, *(int(line.split()[0]) for line in _left_behind(proc.pid, marker))):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _kill_all(proc.pid, marker)
     text = log.read_text()
     assert code == 128 + sig, text[-3000:]
     assert "Traceback" not in text and not any(dump in text for dump in RAY_DUMP), text[-3000:]

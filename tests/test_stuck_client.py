@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -15,7 +14,7 @@ import uuid
 
 import pytest
 
-from tests.test_signals import _left_behind
+from tests.test_signals import _kill_all, _still_alive_after
 
 STUCK = '''
 import dataclasses
@@ -49,16 +48,9 @@ def test_a_run_whose_client_never_answers_exits_soon_after_its_last_round_leavin
     try:
         said, _ = proc.communicate(timeout=600)
         ended = time.time()
-        deadline = time.monotonic() + 15
-        while _left_behind(proc.pid, marker) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        left = _left_behind(proc.pid, marker)
+        left = _still_alive_after(proc.pid, marker)
     finally:
-        for pid in (proc.pid, *(int(line.split()[0]) for line in _left_behind(proc.pid, marker))):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _kill_all(proc.pid, marker)
     assert proc.returncode == 1, said[-3000:]  # partition 1 went unserved: incomplete (faults.allow_unserved)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "incomplete" and summary["unserved_partitions"] == {"1": 1}, said[-3000:]
