@@ -69,16 +69,49 @@ def serve():
         server.shutdown()
 
 
-def test_missing_data_offline_fails_fast_naming_folder_and_fetch(home, tmp_path, monkeypatch, serve):
-    from torchvision.datasets import MNIST
-
+def test_a_failed_download_says_what_can_work_and_leaves_nothing(home, tmp_path, monkeypatch, serve):
     (tmp_path / "empty").mkdir()
-    monkeypatch.setattr(MNIST, "mirrors", [serve(tmp_path / "empty")])  # answers 404 to every file
+    monkeypatch.setitem(fetch.URLS, "mnist", [serve(tmp_path / "empty")])  # answers 404 to every file
     with pytest.raises(ConfigError) as err:
         quick_check("lg_mnist", [])
-    text = str(err.value)
-    assert str(home / "mnist") in text and "flrep data fetch mnist" in text and "train-images-idx3-ubyte" in text
+    lines = str(err.value).splitlines()
+    assert lines[0] == f"data: no mnist files at {home / 'mnist'}" and "train-images-idx3-ubyte" in lines[1]
+    assert lines[2].startswith("  the download failed: ") and "404" in lines[2]
+    assert lines[3] == (f"  to fix: copy the files into {home / 'mnist'}, point FLREP_DATA at a data home that has "
+                        "them, or set data.root=<the folder that holds them>")  # not "run flrep data fetch" again
+    assert lines[4] == f"  the data home is {home} (set by FLREP_DATA)"
     assert [p.name for p in home.iterdir()] == []  # the failed download left nothing
+
+
+def _closed_port_url() -> str:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}/mnist/"
+
+
+def test_offline_fetch_fails_in_under_2_s_without_importing_torchvision(tmp_path):
+    """No host answers: `flrep data fetch` says so at once, and truthfully that the data home is the default."""
+    script = ("import sys, time; from task.data import fetch; from flower_app.cli import main; "
+              f"fetch.URLS['mnist'] = [{_closed_port_url()!r}]; start = time.monotonic(); code = main(['data', 'fetch', 'mnist']); "
+              "print(code, time.monotonic() - start, 'torchvision' in sys.modules)")
+    env = {k: v for k, v in os.environ.items() if k != "FLREP_DATA" and "proxy" not in k.lower()}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=APP, timeout=60,
+                          env={**env, "HOME": str(tmp_path)})
+    code, seconds, imported = proc.stdout.split()
+    assert (code, imported) == ("2", "False") and float(seconds) < 2, proc.stdout
+    assert "no connection to http://127.0.0.1:" in proc.stderr and "flrep data fetch" not in proc.stderr
+    assert f"the data home is {tmp_path / '.cache/flrep/data'} (the default; FLREP_DATA is unset)" in proc.stderr
+    assert len(proc.stderr.splitlines()) == 5 and not (tmp_path / ".cache").exists()
+
+
+def test_the_download_urls_are_torchvisions_own():
+    from torchvision import datasets
+
+    assert fetch.URLS["mnist"] == datasets.MNIST.mirrors
+    assert fetch.URLS["fashion-mnist"] == datasets.FashionMNIST.mirrors
+    assert (fetch.URLS["cifar10"], fetch.URLS["cifar100"]) == ([datasets.CIFAR10.url], [datasets.CIFAR100.url])
 
 
 def test_run_with_absent_root_exits_2_in_seconds(tmp_path):
@@ -92,9 +125,7 @@ def test_run_with_absent_root_exits_2_in_seconds(tmp_path):
 
 
 def test_mnist_download_from_a_local_mirror(home, tmp_path, monkeypatch, serve):
-    from torchvision.datasets import MNIST
-
-    monkeypatch.setattr(MNIST, "mirrors", [serve(shared("mnist"))])
+    monkeypatch.setitem(fetch.URLS, "mnist", [serve(shared("mnist"))])
     quick_check("lg_mnist", [])  # downloads into the data home
     assert (home / "mnist" / "MNIST" / "raw" / "train-images-idx3-ubyte.gz").is_file()
     fetched = load_source({"name": "mnist", "normalize": False})
@@ -104,20 +135,18 @@ def test_mnist_download_from_a_local_mirror(home, tmp_path, monkeypatch, serve):
 
 
 def test_a_bad_checksum_is_refused_and_leaves_nothing(home, tmp_path, monkeypatch, serve):
-    from torchvision.datasets import MNIST
-
     mirror = tmp_path / "mirror"
     mirror.mkdir()
     for f in shared("mnist").iterdir():
         (mirror / f.name).write_bytes(f.read_bytes()[:-10] + b"0123456789")  # same size, other bytes
-    monkeypatch.setattr(MNIST, "mirrors", [serve(mirror)])
+    monkeypatch.setitem(fetch.URLS, "mnist", [serve(mirror)])
     with pytest.raises(ConfigError, match="download failed"):
         fetch.fetch_folder("mnist")
     assert list(home.iterdir()) == []
 
 
 def test_adult_download_from_a_local_mirror(home, monkeypatch, serve):
-    monkeypatch.setattr(fetch, "ADULT_URL", serve(shared("adult")))
+    monkeypatch.setitem(fetch.URLS, "adult", [serve(shared("adult"))])
     assert fetch.fetch_folder("adult") == home / "adult"
     bundle = load_source({"name": "adult"})
     assert len(bundle.train.y) > 30000
@@ -148,7 +177,7 @@ def test_cifar10_jpeg_copy_is_built_from_a_downloaded_cifar10(home, tmp_path, mo
     mirror = tmp_path / "mirror"
     mirror.mkdir()
     md5, train_images, train_labels = _fake_cifar10_archive(mirror)
-    monkeypatch.setattr(CIFAR10, "url", serve(mirror) + "cifar-10-python.tar.gz")
+    monkeypatch.setitem(fetch.URLS, "cifar10", [serve(mirror) + "cifar-10-python.tar.gz"])
     monkeypatch.setattr(CIFAR10, "tgz_md5", md5)
     quick_check("fedrep_cifar10_100x2", [])  # builds cifar10 and then the JPEG copy
     assert (home / "cifar10" / "cifar-10-batches-py" / "test_batch").is_file()
@@ -172,7 +201,7 @@ def test_flrep_data_lists_the_home(home, capsys):
     assert str(home) in out and "adult" in out and "present" in out and "flrep data fetch mnist" in out
 
 
-def test_a_fetch_removes_what_a_killed_fetch_left_and_keeps_a_live_ones(home, monkeypatch):
+def test_a_fetch_removes_what_a_killed_fetch_left_and_keeps_a_live_ones(home, tmp_path, monkeypatch, serve):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True, check=True).stdout.strip()
     home.mkdir(parents=True, exist_ok=True)
@@ -181,6 +210,7 @@ def test_a_fetch_removes_what_a_killed_fetch_left_and_keeps_a_live_ones(home, mo
     other = home / f".mnist.partial-{dead}-0ther"
     for folder in (killed, live, other):
         (folder / "part").mkdir(parents=True)
+    monkeypatch.setitem(fetch.URLS, "adult", [serve(tmp_path)])  # a host that answers
     monkeypatch.setitem(fetch.FETCHERS, "adult", lambda dst: (dst / "adult.data").write_text("x\n"))
     assert fetch.fetch_folder("adult") == home / "adult"
     assert (home / "adult" / "adult.data").is_file()

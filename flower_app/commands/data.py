@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from task.data.home import DEFAULT_FOLDERS, HOME_ENV, HOME_FOLDERS, data_home
+from task.data.home import DEFAULT_FOLDERS, HOME_FOLDERS, data_home, home_origin
 from task.errors import ConfigError
 
 
@@ -27,7 +27,7 @@ def _cmd_data(args: argparse.Namespace) -> int:
                 print(f"flrep: {err}", file=sys.stderr)
                 return 2
         return 0
-    print(f"data home: {data_home()} (set by {HOME_ENV})")
+    print(f"data home: {data_home()} ({home_origin()})")
     for entry in HOME_FOLDERS.values():
         path = data_home() / entry.folder
         state = "present" if path.exists() else ("missing: flrep data fetch " + entry.folder if entry.fetchable

@@ -11,15 +11,27 @@ from __future__ import annotations
 import io
 import os
 import shutil
+import socket
 import tarfile
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import urlsplit
+from urllib.request import getproxies
 
 from task.data.home import HOME_FOLDERS, data_home, missing_data_error
 from task.errors import ConfigError
 
-ADULT_URL = "https://archive.ics.uci.edu/ml/machine-learning-databases/adult/"
+# Where each fetchable folder's files are downloaded from, tried in order (torchvision's own
+# mirrors for its datasets; tests/test_data_home.py checks they still match torchvision's).
+URLS: dict[str, list[str]] = {
+    "mnist": ["https://ossci-datasets.s3.amazonaws.com/mnist/", "http://yann.lecun.com/exdb/mnist/"],
+    "fashion-mnist": ["http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"],
+    "cifar10": ["https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"],
+    "cifar100": ["https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"],
+    "adult": ["https://archive.ics.uci.edu/ml/machine-learning-databases/adult/"],
+}
+PROBE_TIMEOUT_S = 1.0
 ADULT_MD5 = {
     "adult.data": "5d7c39d7b8804f071cdd1f2a7c460872",
     "adult.test": "35238206dfdf7f1fe215bbb874adecdc",
@@ -28,16 +40,14 @@ ADULT_MD5 = {
 JPEG_QUALITY = 75
 
 
-def _mnist(dst: Path) -> None:
-    from torchvision.datasets import MNIST
+def _idx(dataset: str, folder: str) -> Callable[[Path], None]:
+    """The fetcher of a torchvision IDX dataset (MNIST, FashionMNIST) from :data:`URLS`."""
+    def fetch(dst: Path) -> None:
+        from torchvision import datasets
 
-    MNIST(str(dst), download=True)
-
-
-def _fashion_mnist(dst: Path) -> None:
-    from torchvision.datasets import FashionMNIST
-
-    FashionMNIST(str(dst), download=True)
+        cls = getattr(datasets, dataset)
+        type(dataset, (cls,), {"mirrors": URLS[folder]})(str(dst), download=True)
+    return fetch
 
 
 def _cifar(dataset: str) -> Callable[[Path], None]:
@@ -46,7 +56,7 @@ def _cifar(dataset: str) -> Callable[[Path], None]:
         from torchvision.datasets.utils import download_and_extract_archive
 
         cls = datasets.CIFAR10 if dataset == "cifar10" else datasets.CIFAR100
-        download_and_extract_archive(cls.url, str(dst), filename=cls.filename, md5=cls.tgz_md5,
+        download_and_extract_archive(URLS[dataset][0], str(dst), filename=cls.filename, md5=cls.tgz_md5,
                                      remove_finished=True)
     return fetch
 
@@ -78,17 +88,35 @@ def _adult(dst: Path) -> None:
     from torchvision.datasets.utils import download_url
 
     for name, md5 in ADULT_MD5.items():
-        download_url(ADULT_URL + name, str(dst), filename=name, md5=md5)
+        download_url(URLS["adult"][0] + name, str(dst), filename=name, md5=md5)
 
 
 FETCHERS: dict[str, Callable[[Path], None]] = {
-    "mnist": _mnist,
-    "fashion-mnist": _fashion_mnist,
+    "mnist": _idx("MNIST", "mnist"),
+    "fashion-mnist": _idx("FashionMNIST", "fashion-mnist"),
     "cifar10": _cifar("cifar10"),
     "cifar100": _cifar("cifar100"),
     "cifar10-jpeg": _cifar10_jpeg,
     "adult": _adult,
 }
+
+
+def unreachable(urls: list[str], timeout: float = PROBE_TIMEOUT_S) -> str | None:
+    """Why none of ``urls``' hosts takes a connection (None: one does), in about ``timeout``
+    seconds a host: a download that cannot start fails before torchvision is even imported.
+    Behind a proxy (``https_proxy`` and the like) nothing is probed: the download goes through it."""
+    if getproxies():
+        return None
+    reasons = []
+    for url in urls:
+        parts = urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        try:
+            socket.create_connection((parts.hostname, port), timeout=timeout).close()
+            return None
+        except OSError as exc:
+            reasons.append(f"{url} ({exc.strerror or type(exc).__name__})")
+    return "no connection to " + ", ".join(reasons)
 
 
 def _owner_alive(partial: Path) -> bool:
@@ -124,6 +152,9 @@ def fetch_folder(folder: str) -> Path:
         return target
     if not entry.fetchable:
         raise missing_data_error(entry.dataset, target)
+    offline = unreachable(URLS[folder]) if folder in URLS else None  # cifar10-jpeg: from a (fetched) cifar10
+    if offline:
+        raise missing_data_error(entry.dataset, target, offline)
     try:
         data_home().mkdir(parents=True, exist_ok=True)
         remove_stale_partials(folder)
@@ -131,7 +162,8 @@ def fetch_folder(folder: str) -> Path:
     except OSError as exc:
         raise ConfigError(f"data: cannot write the data home {data_home()} ({exc}); set FLREP_DATA to a writable folder") from None
     try:
-        print(f"[data] downloading {folder} into {target} ({entry.source})", flush=True)
+        source = f"from {URLS[folder][0]} " if folder in URLS else ""
+        print(f"[data] downloading {folder} into {target} {source}({entry.source})", flush=True)
         FETCHERS[folder](partial)
         partial.chmod(0o755)
         partial.rename(target)
@@ -139,8 +171,7 @@ def fetch_folder(folder: str) -> Path:
         raise
     except Exception as exc:  # noqa: BLE001 - no network, a bad checksum, a full disk, ...
         reason = " ".join(str(exc).split())[:300]
-        raise ConfigError(f"{missing_data_error(entry.dataset, target)} (the download failed: "
-                          f"{type(exc).__name__}: {reason})") from None
+        raise missing_data_error(entry.dataset, target, f"{type(exc).__name__}: {reason}") from None
     finally:
         shutil.rmtree(partial, ignore_errors=True)
     return target

@@ -83,19 +83,35 @@ def home_folder_of(path: Path) -> HomeFolder | None:
     return HOME_FOLDERS.get(relative.parts[0]) if relative.parts else None
 
 
-def missing_data_error(name: str, path: Path) -> ConfigError:
-    """The error for dataset files that are not at ``path``: where, what and how to get them."""
+def home_origin() -> str:
+    """Where the data home came from, in words: ``FLREP_DATA`` or the default."""
+    if os.environ.get(HOME_ENV):
+        return f"set by {HOME_ENV}"
+    return f"the default; {HOME_ENV} is unset"
+
+
+def missing_data_error(name: str, path: Path, failure: str | None = None) -> ConfigError:
+    """The error for dataset files that are not at ``path``, a few short lines: where, what, why
+    (``failure``: how a download just failed) and what to do that can work from here."""
     if not path.is_relative_to(data_home()):
         return ConfigError(f"data.root={str(path)!r} does not exist: expected the folder holding the {name} files")
     entry = home_folder_of(path)
+    lines = [f"data: no {name} files at {path}"]
     if entry is None:
-        what = f"; the data home's known folders: {', '.join(HOME_FOLDERS)}"
-    elif entry.fetchable:
-        what = f": expected {entry.files}; run `flrep data fetch {entry.folder}` (source: {entry.source})"
+        lines.append(f"  the data home's known folders: {', '.join(HOME_FOLDERS)}")
     else:
-        what = f": expected {entry.files}; place them by hand ({entry.source})"
-    return ConfigError(f"data: no {name} files at {path} (the data home {data_home()}, set by {HOME_ENV}){what}, "
-                       "or set data.root to a folder that holds them")
+        lines.append(f"  expected: {entry.files}")
+    if failure:
+        lines.append(f"  the download failed: {failure}")
+    ways = [f"copy the files into {path}", f"point {HOME_ENV} at a data home that has them",
+            "or set data.root=<the folder that holds them>"]
+    if entry is not None and entry.fetchable and not failure:
+        ways.insert(0, f"`flrep data fetch {entry.folder}` (downloads from {entry.source})")
+    elif entry is not None and not entry.fetchable:
+        ways.insert(0, f"build them by hand ({entry.source})")
+    lines.append("  to fix: " + ", ".join(ways))
+    lines.append(f"  the data home is {data_home()} ({home_origin()})")
+    return ConfigError("\n".join(lines))
 
 
 def fetcher(entry: HomeFolder) -> Callable[[Path], None]:
