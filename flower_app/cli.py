@@ -11,6 +11,15 @@ from flower_app.commands import (bench_round, certs, data, deploy, diagnose, exp
                                  run, split_data, state, superlink, tune)
 from flower_app.run.stop_signals import Stopped, stopping_on_signals
 
+DESCRIPTION = "Run, reproduce and deploy representation-aware federated learning on Flower."
+EPILOG = """first steps:
+  flrep list                          the experiments and the algorithms
+  flrep run quickstart                a first run: FedRep and FedAvg on MNIST
+  flrep run lg_mnist --smoke          any experiment, every variant and phase cut short
+  flrep reproduce --list              the paper tables and what they cost
+  flrep <command> --help              a command's options
+docs: README.md and docs/ in the app's folder"""
+
 #: The subcommands in ``flrep --help``'s order, each module with ``add_parser(sub)``.
 COMMANDS = (run, bench_round, deploy, certs, split_data, superlink, export, diagnose, listing, lg_synthetic, data,
             state, reproduce, tune)
@@ -18,8 +27,9 @@ COMMANDS = (run, bench_round, deploy, certs, split_data, superlink, export, diag
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``flrep`` parser (its subcommands' parsers in ``SUBCOMMANDS`` after the call)."""
-    parser = argparse.ArgumentParser(prog="flrep", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="flrep", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="<command>")
     for command in COMMANDS:
         command.add_parser(sub)
     sub.add_parser("bench", help="local-training throughput: engine vs DataLoader (flrep bench --help)")

@@ -5,7 +5,11 @@ import re
 
 import pytest
 
-from flower_app.tools.catalogue import load_catalogue, minutes
+import subprocess
+import sys
+import time
+
+from flower_app.tools.catalogue import builtin_algorithms, load_catalogue, minutes
 from flower_app.cli import main as flrep
 from flower_app.run.config import experiment_names, load_config
 from flower_app.reproduction.tables import load_table
@@ -36,6 +40,20 @@ def test_list_prints_one_line_per_experiment_and_algorithm(capsys):
             continue  # a test's plug-in
         mine = [line for line in lines if line.split()[:1] == [name]]
         assert len(mine) == 1 and algorithm.description and algorithm.description in mine[0], name
+
+
+def test_the_listed_algorithms_are_the_registered_ones():
+    builtin = {name: a.description for name, a in ALGORITHMS.items() if a.make_strategy.__module__.startswith("strategies.")}
+    assert builtin_algorithms() == dict(sorted(builtin.items()))
+
+
+def test_list_answers_in_under_a_second_without_importing_torch():
+    script = ("import sys, time; start = time.monotonic(); from flower_app.cli import main; code = main(['list']); "
+              "print(code, round(time.monotonic() - start, 3), 'torch' in sys.modules, file=sys.stderr)")
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    code, seconds, imported = proc.stderr.split()[-3:]
+    assert (code, imported) == ("0", "False") and float(seconds) < 1.0, (proc.stderr, time.monotonic() - start)
 
 
 def test_minutes_read_as_seconds_minutes_or_hours():

@@ -653,3 +653,14 @@ def test_a_table_file_that_cannot_be_written_is_one_line_naming_it_exit_3_and_ke
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"flrep: reproduce: no space left on {tmp_path / 'table.md'}; "), err
     assert json.loads((tmp_path / "reproduce.json").read_text())["runs"]["a/seed0"]["status"] == "completed"
+
+
+def test_list_with_a_table_names_each_cell_its_role_numbers_and_cost(tiny, capsys):
+    from flower_app.cli import main
+
+    assert main(["reproduce", "tiny", "--list", "--seeds", "0", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("tiny: Tiny table (2 cells")
+    assert lines[1].split()[:6] == ["a", "sensitivity", "paper", "0", "cpu", "0.3"] and "a_acc" in lines[1]
+    assert lines[2].split()[:2] == ["b", "sensitivity"] and "b_acc" in lines[2]
+    assert lines[3] == "all cells, seeds 0 1: paper 0.0 h, cpu 0.0 h"

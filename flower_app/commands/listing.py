@@ -9,9 +9,8 @@ from task.errors import ConfigError
 
 
 def command(args: argparse.Namespace) -> int:
-    from flower_app.tools.catalogue import algorithm_lines, experiment_lines, load_catalogue
-    from flower_app.run.config import experiment_names
-    from strategies import ALGORITHMS
+    from flower_app.tools.catalogue import (algorithm_lines, builtin_algorithms, experiment_lines, experiment_names,
+                                            load_catalogue)
 
     try:
         catalogue = load_catalogue()
@@ -21,7 +20,8 @@ def command(args: argparse.Namespace) -> int:
     print("experiments (flrep run <name>; estimated minutes of the whole run, all its variants, one seed):")
     print("\n".join(experiment_lines(experiment_names(), catalogue)))
     print("algorithms (algorithm=<name>):")
-    print("\n".join(algorithm_lines({name: a.description for name, a in sorted(ALGORITHMS.items())})))
+    print("\n".join(algorithm_lines(builtin_algorithms())))
+    print("plug-in algorithms: algorithm=<name> plugins=[<module>] (docs/extending.md)")
     return 0
 
 

@@ -8,10 +8,14 @@ import os
 import shlex
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from flower_app.run.stop_signals import Stopped
 from flower_app.commands.common import config_error
 from task.errors import ConfigError
+
+if TYPE_CHECKING:
+    from flower_app.reproduction.tables import Table
 from task.files import WriteFailed
 
 #: ``flrep reproduce``'s exit code when a file of the table (its report or ``reproduce.json``)
@@ -29,6 +33,9 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
 
             for path in write_index(Files(PROJECT_DIR), PROJECT_DIR):
                 print(f"[reproduce] wrote {path}")
+            return 0
+        if args.list and args.table:
+            print("\n".join(cell_lines(load_table(args.table), list(args.seeds))))
             return 0
         if args.list:
             for name in table_names():
@@ -63,11 +70,28 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         return config_error(err)
 
 
+def cell_lines(table: Table, seeds: list[int]) -> list[str]:
+    """``flrep reproduce TABLE --list``: one line per cell (its id for ``--only``, its role, the
+    paper numbers it is judged on, its estimated minutes per seed at each scale), then the total."""
+    from flower_app.reproduction.tables import SCALES
+
+    lines = [f"{table.name}: {table.title} ({len(table.cells)} cells; minutes per seed on a 2-core CPU)"]
+    for cell in table.cells.values():
+        role = "primary" if cell.primary else "sensitivity"
+        cost = "  ".join(f"{s} {cell.minutes.get(s, 0):g}" for s in SCALES)
+        judged = ", ".join(cell.paper.values()) or "-"
+        lines.append(f"  {cell.name:28s} {role:11s} {cost:18s} {cell.label}  (paper numbers: {judged})")
+    total = ", ".join(f"{s} {table.minutes(s) * len(seeds) / 60:.1f} h" for s in SCALES)
+    lines.append(f"all cells, seeds {' '.join(map(str, seeds))}: {total}")
+    return lines
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """The ``reproduce`` subcommand."""
     rep = sub.add_parser("reproduce", help="run a paper table's cells over seeds (resumable) and write ours beside "
                                            "the paper's: DIR/table.md, table.csv, table.png")
-    rep.add_argument("table", nargs="?", help="name of a file in conf/tables/ (without .yaml)")
+    rep.add_argument("table", nargs="?", help="name of a file in conf/tables/ (without .yaml); "
+                                             "`flrep reproduce TABLE --list` lists its cells and their cost")
     rep.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds to run (default 0 1 2)")
     rep.add_argument("--scale", choices=["paper", "cpu"], default="cpu",
                      help="paper: the paper's setting; cpu: the table's declared reduction (default)")
@@ -78,7 +102,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                           "e.g. simulation.client_gpus=0.1 on a GPU")
     rep.add_argument("--retry-failed", action="store_true",
                      help="move failed runs aside and run them again from the start (default: keep them)")
-    rep.add_argument("--list", action="store_true", help="list the tables and their estimated cost on a 2-core CPU")
+    rep.add_argument("--list", action="store_true",
+                     help="list the tables and their estimated cost on a 2-core CPU; with a table: its cells "
+                          "(primary or sensitivity, the paper numbers each is judged on, minutes per seed)")
     rep.add_argument("--index", action="store_true",
                      help="write docs/reproduction.md and docs/reproduction/index.png from every committed table "
                           "(table.csv, table.md; no runs needed)")

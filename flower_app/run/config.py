@@ -23,6 +23,7 @@ from strategies import ALGORITHMS
 from flower_app.app.plugins import load_plugins
 from flower_app.run.schema import run_schema
 from flower_app.run.suggest import choices_at, did_you_mean
+from flower_app.tools.catalogue import experiment_names
 from strategies.checks import allowed_at, check_ranges, require
 from strategies.common import configured_head
 from task.errors import ConfigError
@@ -31,11 +32,6 @@ from task.data.sources import APP_DIR
 
 PROJECT_DIR = APP_DIR
 CONF_DIR = PROJECT_DIR / "conf"
-
-
-def experiment_names() -> list[str]:
-    """Names of the experiment files in ``conf/experiment``."""
-    return sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 
 
 def parse_overrides(overrides: str | Iterable[str]) -> list[str]:

@@ -1,11 +1,14 @@
 """The experiment catalogue (``conf/experiments.yaml``) and the lines ``flrep list`` prints.
 
 The catalogue says what each experiment reproduces, its dataset and its estimated minutes; it
-stays out of the run configuration, so no run's ``config.yaml`` holds it.
+stays out of the run configuration, so no run's ``config.yaml`` holds it. ``flrep list`` reads
+the algorithms' names and descriptions from the source of ``strategies/`` (:func:`builtin_algorithms`)
+rather than importing them with torch, so it answers at once.
 """
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +17,9 @@ import yaml
 
 from task.errors import ConfigError
 
-CATALOGUE = Path(__file__).resolve().parents[2] / "conf" / "experiments.yaml"
+APP_DIR = Path(__file__).resolve().parents[2]
+CATALOGUE = APP_DIR / "conf" / "experiments.yaml"
+STRATEGIES_DIR = APP_DIR / "strategies"
 FIELDS = ("reproduces", "dataset", "minutes_cpu", "minutes_gpu")
 
 
@@ -77,3 +82,21 @@ def algorithm_lines(descriptions: Mapping[str, str]) -> list[str]:
     """One line per algorithm: its ``algorithm=`` name and its description (with its paper)."""
     width = max((len(name) for name in descriptions), default=0) + 2
     return [f"  {name:{width}s}{text or '-'}" for name, text in descriptions.items()]
+
+
+def experiment_names() -> list[str]:
+    """Names of the experiment files in ``conf/experiment``."""
+    return sorted(p.stem for p in (APP_DIR / "conf" / "experiment").glob("*.yaml"))
+
+
+def builtin_algorithms(folder: Path = STRATEGIES_DIR) -> dict[str, str]:
+    """Name -> description of each ``ALGORITHM = register(Algorithm(name=..., description=...))``
+    in ``folder``'s modules, read from their source (sorted by name)."""
+    found = {}
+    for path in sorted(folder.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Algorithm":
+                fields = {k.arg: k.value.value for k in node.keywords if isinstance(k.value, ast.Constant)}
+                if "name" in fields:
+                    found[fields["name"]] = fields.get("description", "")
+    return dict(sorted(found.items()))
