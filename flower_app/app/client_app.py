@@ -24,6 +24,7 @@ from flwr.clientapp.client_app import DEFAULT_ACTION
 from flower_app.app.client_checkpoint import snapshot_mod
 from flower_app.app.elision import PROCESS, PROCESS_ID, elision_mod
 from flower_app.app.federation import mark_node
+from flower_app.run.flat_config import experiment_of, overrides_of
 from flower_app.run.config import head_groups, initial_model, pick_device, run_config_of
 from flower_app.app.timing import stamp
 from protocols import PROTOCOLS
@@ -111,7 +112,7 @@ def runtime_for(context: Context, content: RecordDict | None = None) -> ClientRu
     pid = int(context.node_config["partition-id"])
     one_client = data_path is None and not in_simulation()  # a deployed node: read only its partition
     cfg, fed, train, test, model, head, initial, device = _worker_cache(
-        str(rc.get("experiment", "quickstart")), str(rc.get("overrides", "")), label, data_path, state_dir,
+        experiment_of(rc), overrides_of(rc), label, data_path, state_dir,
         pid if one_client else None,
     )
     if data_path is None and not one_client:
@@ -159,8 +160,7 @@ def info(msg: Message, context: Context) -> Message:
     own = "data-path" in context.node_config
     if own and "input-shape" in config:
         state_dir = context.node_config.get("state-dir")
-        bundle = _worker_cache(str(context.run_config.get("experiment", "quickstart")),
-                               str(context.run_config.get("overrides", "")), config.get("variant"),
+        bundle = _worker_cache(experiment_of(context.run_config), overrides_of(context.run_config), config.get("variant"),
                                str(context.node_config["data-path"]), str(state_dir) if state_dir else None)[1].bundle
         check_node_data(bundle, tuple(config["input-shape"]), int(config["num-classes"]), context.node_config["data-path"])
     content = reply(None, **{"partition-id": rt.partition_id, "num-train": len(rt.train), "num-test": len(rt.test),

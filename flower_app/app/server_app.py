@@ -19,6 +19,7 @@ from flower_app.app import checkpoint
 
 from flower_app.run import console, run_dir, run_lock
 from flower_app.results.comparison import comparison_table, write_comparison
+from flower_app.run.flat_config import experiment_of, overrides_of
 from flower_app.run.config import server_device, validate_with_data, variants_from_run_config
 from flower_app.app.experiment import Experiment
 from flower_app.app.outcome import output_dir
@@ -157,8 +158,7 @@ def main(grid: Grid, context: Context) -> None:
     console.configure()
     rc = context.run_config
     try:
-        run_variants(grid, variants_from_run_config(str(rc.get("experiment", "quickstart")),
-                                                    str(rc.get("overrides", ""))))
+        run_variants(grid, variants_from_run_config(experiment_of(rc), overrides_of(rc)))
     except ConfigError as err:  # one line, not a traceback: the message names the key and the fix
         log(ERROR, "[flrep] configuration error: %s", err)
         stopped_by_config_error.set()

@@ -22,6 +22,7 @@ from protocols import PROTOCOLS
 from strategies import ALGORITHMS
 from flower_app.app.plugins import load_plugins
 from flower_app.run.schema import run_schema
+from flower_app.run.flat_config import experiment_of, overrides_of
 from flower_app.run.suggest import choices_at, did_you_mean
 from flower_app.tools.catalogue import experiment_names
 from strategies.checks import allowed_at, check_ranges, require
@@ -173,9 +174,7 @@ def variants_from_run_config(experiment: str, overrides: str) -> tuple[DictConfi
 
 def run_config_of(run_config: Mapping, label: str | None = None) -> DictConfig:
     """The configuration (of variant ``label``; default the first) of a Flower ``context.run_config``."""
-    variants = variants_from_run_config(
-        str(run_config.get("experiment", "quickstart")), str(run_config.get("overrides", ""))
-    )
+    variants = variants_from_run_config(experiment_of(run_config), overrides_of(run_config))
     if label is None:
         return variants[0]
     for cfg in variants:
