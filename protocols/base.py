@@ -9,6 +9,7 @@ default, so a protocol implements only what it adds.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from flwr.app import Message
 from omegaconf import DictConfig
@@ -28,6 +29,11 @@ class PaperProtocol:
 
     def check(self, cfg: DictConfig) -> None:
         """Rules on the merged config (raise ConfigError naming the key)."""
+
+    def smoke(self, cfg: DictConfig) -> Mapping[str, Any]:
+        """The values of this protocol's keys that make a run of ``cfg`` short for a first look
+        (``smoke=true``): its phase's epochs or rounds cut down."""
+        return {}
 
     def client_training(self, cfg: DictConfig) -> ModelTraining | None:
         """On the clients: the local objective that replaces plain SGD in runs of ``cfg`` (the fair

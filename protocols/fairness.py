@@ -68,6 +68,12 @@ class Fairness(PaperProtocol):
     config = FairConfig
     section = "fair"
 
+    def smoke(self, cfg: DictConfig) -> dict:
+        if cfg.model.name != FAIR_MODEL:
+            return {}
+        return {"fair.pretrain_epochs": min(int(cfg.fair.pretrain_epochs), 1),
+                "fair.postfit_epochs": min(int(cfg.fair.postfit_epochs), 1)}
+
     def check(self, cfg: DictConfig) -> None:
         fair = [n for n, a in ALGORITHMS.items() if a.trains_fair_model]
         require(cfg.model.name != FAIR_MODEL or ALGORITHMS[cfg.algorithm].trains_fair_model, "model.name",

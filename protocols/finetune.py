@@ -84,6 +84,9 @@ class FineTuning(PaperProtocol):
     config = FineTuneConfig
     handlers = {"train.finetune": finetune}
 
+    def smoke(self, cfg: DictConfig) -> dict:
+        return {"finetune.epochs": min(int(cfg.finetune.epochs), 1)} if cfg.finetune.enabled else {}
+
     def check(self, cfg: DictConfig) -> None:
         supported = [n for n, a in ALGORITHMS.items() if a.supports_finetune]
         require(not cfg.finetune.enabled or cfg.algorithm in supported, "finetune.enabled",

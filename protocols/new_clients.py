@@ -18,6 +18,7 @@ from typing import Optional
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.common.logger import log
+from omegaconf import DictConfig
 
 from protocols.base import PaperProtocol
 from strategies.checks import nonnegative, positive
@@ -64,6 +65,9 @@ class NewClients(PaperProtocol):
     name = "new_clients"
     config = NewClientsConfig
     handlers = {"train.newclient": adapt_head}
+
+    def smoke(self, cfg: DictConfig) -> dict:
+        return {"new_clients.epochs": min(int(cfg.new_clients.epochs), 1)} if cfg.data.num_new_clients else {}
 
     def active(self, services: Services) -> bool:
         return (bool(services.data.new_clients) and ALGORITHMS[services.cfg.algorithm].shared_keys is not None

@@ -40,6 +40,12 @@ class OnlineDevice(PaperProtocol):
     name = "online"
     config = OnlineConfig
 
+    def smoke(self, cfg: DictConfig) -> dict:
+        """Two online rounds, after the main phase's rounds (not at an accuracy a short run never reaches)."""
+        if not cfg.data.online_device.enabled:
+            return {}
+        return {"online.rounds": min(int(cfg.online.rounds), 2), "online.start_accuracy": None}
+
     def check(self, cfg: DictConfig) -> None:
         online_on = bool(cfg.data.online_device.enabled)
         require(cfg.online.rounds == 0 or online_on, "online.rounds", "the online phase needs its device: set "

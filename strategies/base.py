@@ -242,6 +242,9 @@ class Algorithm:
       best Local Test evaluation (``new_test.models=best``: the official main_local.py's
       selection, or the algorithm's own official one, as LG-FedAvg's main_lg.py).
     - ``description``: one phrase and its paper, shown by ``flrep list`` (optional).
+    - ``smoke``: the values of its own keys that make a run of ``cfg`` short for a first look
+      (``smoke=true``, ``flrep run --smoke``): its warm starts, stages and inner epochs cut down;
+      None: it has none beyond the core's (rounds, local epochs).
 
     Without an ``evaluate`` handler a client's personalized model *is* the global model, so
     the server evaluates it on every client's local test split itself (same numbers, no messages).
@@ -264,6 +267,7 @@ class Algorithm:
     snapshot_after: frozenset[str] = field(default_factory=lambda: frozenset({"train", "evaluate"}))
     new_test_best: bool = False
     description: str = ""
+    smoke: Callable[[DictConfig], Mapping[str, Any]] | None = None
 
     @property
     def evaluates_on_clients(self) -> bool:

@@ -176,6 +176,13 @@ def check_model(cfg: DictConfig, data, model: torch.nn.Module) -> None:
             f"'exact' needs a head of one linear layer, model.head={head}")
 
 
+def smoke(cfg: DictConfig) -> dict:
+    """One head epoch (or at most 10 head steps) a round."""
+    steps = cfg.fedrep.head_steps
+    return {"fedrep.head_epochs": min(int(cfg.fedrep.head_epochs), 1),
+            "fedrep.head_steps": None if steps is None else min(int(steps), 10)}
+
+
 ALGORITHM = register(Algorithm(
     name="fedrep",
     description="a shared body averaged, each client's own head trained first and kept (Collins et al. 2021)",
@@ -187,4 +194,5 @@ ALGORITHM = register(Algorithm(
     check_model=check_model,
     supports_finetune=True,
     load_personal=load_own_head,
+    smoke=smoke,
 ))

@@ -369,6 +369,13 @@ def check(cfg: DictConfig) -> None:
             "for a number of rounds or up to a goal accuracy")
 
 
+def smoke(cfg: DictConfig) -> dict:
+    """A one-round warm start (not one up to a goal accuracy), LG-FedAvg in the other rounds."""
+    warm = min(1 if cfg.lg.fedavg_rounds is None else int(cfg.lg.fedavg_rounds), int(cfg.rounds) - 1)
+    return {"lg.fedavg_rounds": warm, "lg.goal_accuracy": None,
+            "lg.lg_rounds": None if cfg.lg.lg_rounds is None else int(cfg.rounds) - warm}
+
+
 def check_model(cfg: DictConfig, data, model: SplitModel) -> None:
     """The global part names groups of the model and leaves at least one local."""
     require(bool(local_keys(model, cfg)), "lg.global_part", "leaves no local layers; keep at least one group local")
@@ -390,4 +397,5 @@ ALGORITHM = register(Algorithm(
     trains_fair_model=True,
     snapshot_after=frozenset({"train", "evaluate", SELECT}),
     new_test_best=True,
+    smoke=smoke,
 ))

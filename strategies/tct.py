@@ -369,6 +369,12 @@ def check_model(cfg: DictConfig, data, model: torch.nn.Module) -> None:
             f"{cfg.tct.features} coordinates of a {size:,}-parameter eNTK network ({cfg.model.name} with one output logit)")
 
 
+def smoke(cfg: DictConfig) -> dict:
+    """One FedAvg round, then stage 2 with at most 1,000 eNTK coordinates and 10 GD steps a round."""
+    return {"tct.stage1_rounds": min(int(cfg.tct.stage1_rounds), int(cfg.rounds) - 1),
+            "tct.features": min(int(cfg.tct.features), 1000), "tct.local_steps": min(int(cfg.tct.local_steps), 10)}
+
+
 ALGORITHM = register(Algorithm(
     name="tct",
     description="FedAvg, then SCAFFOLD on a convex eNTK linearisation of the model (Yu et al. 2022)",
@@ -379,4 +385,5 @@ ALGORITHM = register(Algorithm(
     check=check,
     check_model=check_model,
     snapshot_after=frozenset({"train", "evaluate", "query.entk"}),
+    smoke=smoke,
 ))

@@ -337,6 +337,7 @@ class Experiment:
             "status": "completed", "experiment": cfg.experiment, "algorithm": cfg.algorithm,
             "dataset": cfg.data.name, "model": cfg.model.name, "num_clients": self.data.num_clients,
             "clients_per_round": self.num_sampled, "rounds": int(cfg.rounds), "seed": int(cfg.seed),
+            **({"smoke": True} if cfg.smoke else {}),  # a first look: its numbers say only that it runs
             **{key: final(key) for key in ("personalized_accuracy", "personalized_accuracy_std",
                                            "personalized_accuracy_worst10", "personalized_loss", "global_accuracy")},
             "global_accuracy_last": evals[-1].get("global_accuracy") if evals else None,

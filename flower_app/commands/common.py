@@ -81,7 +81,8 @@ def prepare_run(args: argparse.Namespace, extra: list[str] = (), default_out: Pa
     configuration error, 0 for a ``resume=`` of a run that completed (nothing is written)."""
     from flower_app.app import checkpoint
     from flower_app.run import run_dir, run_lock
-    from flower_app.run.config import load_variants
+    from flower_app.run.config import load_variants, shadowed_overrides
+    from flower_app.run.smoke import describe_smoke
     from flower_app.app.outcome import output_dir
     from flower_app.run.resume_check import completed
     from flower_app.app.server_app import check_resume, preflight
@@ -91,7 +92,7 @@ def prepare_run(args: argparse.Namespace, extra: list[str] = (), default_out: Pa
 
     configure(args.verbose)
     since = command_start()
-    overrides = list(args.overrides) + list(extra)
+    overrides = list(args.overrides) + list(extra) + (["smoke=true"] if getattr(args, "smoke", False) else [])
     if args.out:
         overrides.append(f"out_dir={Path(args.out).expanduser().resolve()}")
     try:
@@ -112,6 +113,11 @@ def prepare_run(args: argparse.Namespace, extra: list[str] = (), default_out: Pa
             overrides = _start_fresh_without_checkpoint(overrides, output_dir(variants[0]))
             variants = load_variants(args.experiment, overrides)
         say(f"configuration checked: {args.experiment}, {len(variants)} variant(s)", since)
+        for line in shadowed_overrides(args.experiment, overrides):
+            say(line)
+        if variants[0].smoke:
+            for line in describe_smoke(args.experiment, overrides):
+                say(f"smoke: {line}")
         loaded = time.time()
         fed = build_federated_data(variants[0].data, int(variants[0].seed))
         say(f"data ready: {variants[0].data.name}, {len(fed.bundle.train.y):,} train / {len(fed.bundle.test.y):,} "

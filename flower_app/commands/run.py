@@ -86,4 +86,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--force", action="store_true", help="move an earlier run in the output directory aside "
                      "(to <dir>.old-<time>; nothing is deleted) instead of refusing to start")
     run.add_argument("--verbose", action="store_true", help="also show Flower's and Ray's INFO lines and warnings")
+    run.add_argument("--smoke", action="store_true", help="a first look: every variant and phase cut short "
+                     "(3 rounds, 1 local epoch, short warm starts and phases), printing what it shortened (smoke=true)")
     run.set_defaults(func=command)

@@ -23,6 +23,7 @@ from strategies import ALGORITHMS
 from flower_app.app.plugins import load_plugins
 from flower_app.run.schema import run_schema
 from flower_app.run.flat_config import experiment_of, overrides_of
+from flower_app.run.smoke import as_overrides, smoke_changes
 from flower_app.run.suggest import choices_at, did_you_mean
 from flower_app.tools.catalogue import experiment_names
 from strategies.checks import allowed_at, check_ranges, require
@@ -148,22 +149,48 @@ def load_variants(experiment: str, overrides: str | Iterable[str] = ()) -> tuple
     """
     base_items = parse_overrides(overrides)
     primary = load_config(experiment, base_items)
-    variants = [primary]
+    if primary.smoke:  # each variant as it would be, then shortened (flower_app/run/smoke.py)
+        return tuple(load_config(experiment, [*items, *as_overrides(smoke_changes(cfg)), "smoke=true"])
+                     for cfg, items in _variant_items(experiment, [*base_items, "smoke=false"]))
+    return tuple(cfg for cfg, _ in _variant_items(experiment, base_items, primary))
+
+
+def _variant_items(experiment: str, base_items: list[str],
+                   primary: DictConfig | None = None) -> list[tuple[DictConfig, list[str]]]:
+    """Each variant's configuration and the overrides that make it (the run's, then its entry's)."""
+    primary = primary if primary is not None else load_config(experiment, base_items)
+    variants = [(primary, base_items)]
     for i, entry in enumerate(primary.compare):
         key = f"compare[{i}]"
         items = parse_overrides(entry)
         reserved = [item for item in items if item.split("=", 1)[0].strip() in RESERVED_IN_COMPARE]
         require(not reserved, key, f"{reserved} cannot differ between variants of one run")
         try:
-            variants.append(load_config(experiment, [*base_items, *items, "compare=[]"]))
+            variant_items = [*base_items, *items, "compare=[]"]
+            variants.append((load_config(experiment, variant_items), variant_items))
         except ConfigError as err:
             raise ConfigError(f"{key} ({entry!r}): {err}") from None
-    labels = [v.label for v in variants]
+    labels = [v.label for v, _ in variants]
     duplicates = sorted({label for label in labels if labels.count(label) > 1})
     require(not duplicates, "compare",
              f"variants {labels} repeat the label(s) {duplicates}; add label=<name> to the entries "
              "(or compare=[] to run the first variant alone)")
-    return tuple(variants)
+    return variants
+
+
+def shadowed_overrides(experiment: str, overrides: str | Iterable[str]) -> list[str]:
+    """A line for each of the run's overrides that a ``compare`` entry sets again, and so does
+    not reach that variant (``rounds=3`` against ``"algorithm=local_only rounds=450"``)."""
+    items = parse_overrides(overrides)
+    given = {item.split("=", 1)[0].strip(): item for item in items}
+    lines = []
+    for i, entry in enumerate(load_config(experiment, items).compare):
+        for item in parse_overrides(entry):
+            key = item.split("=", 1)[0].strip()
+            if key in given and given[key] != item:
+                lines.append(f"{given[key]} does not reach compare[{i}] ({entry!r}): its own {item} wins "
+                             "(smoke=true shortens every variant)")
+    return lines
 
 
 @functools.lru_cache(maxsize=8)

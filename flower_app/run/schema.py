@@ -171,6 +171,7 @@ def _core_fields() -> list[tuple[str, Any, Any]]:
         ("compare", list[str], MISSING),
         ("seed", int, nonnegative()),
         ("rounds", int, positive()),
+        ("smoke", bool, MISSING),
         ("model", ModelConfig, field(default_factory=ModelConfig)),
         ("data", DataConfig, field(default_factory=DataConfig)),
         ("train", TrainConfig, field(default_factory=TrainConfig)),
