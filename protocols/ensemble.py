@@ -91,7 +91,7 @@ class NewTest(PaperProtocol):
         evaluator.load(services.get_arrays())  # shared part; each reply then replaces the whole own part
 
         def outputs() -> Iterator[torch.Tensor]:
-            for rep in replies:
+            for rep in services.progress(replies, "New Test: the local models' outputs", len(replies), "model"):
                 evaluator.load(rep.content[ARRAYS])
                 yield predict(evaluator.model, test.x)
 

@@ -8,8 +8,8 @@ server's copy of the data, run or record a round.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from flwr.app import ArrayRecord, Message
 from flwr.serverapp import Grid
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from strategies.base import ServerHooks
     from strategies.evaluator import ServerEvaluator
 
+T = TypeVar("T")
 TemplateFn = Callable[[Message], Mapping[str, ArrayRecord]]
 
 #: The phase of a training round's record in the main phase; a protocol that trains rounds after
@@ -83,6 +84,9 @@ class Services(Protocol):
 
     def metric_of(self, replies: Iterable[Message], key: str) -> dict[int, float]:
         """``key`` of each reply's metrics, by partition id."""
+
+    def progress(self, items: Iterable[T], label: str, total: int, unit: str = "client") -> Iterator[T]:
+        """``items``, showing progress through them (a bar on a terminal, else a line every 30 s)."""
 
     def train_round(self, server_round: int, pids: list[int]) -> dict:
         """One training round of ``pids``, aggregated into the global arrays; its record."""

@@ -62,6 +62,7 @@ class LocalGrid(Grid):
             faults_declared = True
         self.sent: list[Message] = []
         self.replies: list[Message] = []
+        self._waiting: dict[str, Message] = {}  # pushed messages' replies, by the message's id
 
     # -- Grid API used by the ServerApp ---------------------------------------------------
     @property
@@ -77,11 +78,15 @@ class LocalGrid(Grid):
     def get_node_ids(self) -> list[int]:
         return list(self.node_ids)
 
-    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:  # pragma: no cover
-        raise NotImplementedError("LocalGrid only supports send_and_receive")
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        """Deliver each message at once; its reply waits for :meth:`pull_messages`."""
+        replies = self.send_and_receive(messages)
+        self._waiting.update({rep.metadata.reply_to_message_id: rep for rep in replies})
+        return [rep.metadata.reply_to_message_id for rep in replies]
 
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:  # pragma: no cover
-        raise NotImplementedError("LocalGrid only supports send_and_receive")
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        wanted = set(message_ids)
+        return [self._waiting.pop(i) for i in [i for i in self._waiting if i in wanted]]
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
         out = []

@@ -219,10 +219,14 @@ class FakeGrid:
     def __init__(self, answer):
         self.answer = answer
 
-    def send_and_receive(self, messages, timeout=None):
+    def push_messages(self, messages):
         for i, msg in enumerate(messages):
             msg.metadata.__dict__["_message_id"] = f"m{i}"
-        return [r for r in (self.answer(m) for m in messages) if r is not None]
+        self.replies = [r for r in (self.answer(m) for m in messages) if r is not None]
+        return [r.metadata.reply_to_message_id for r in self.replies]
+
+    def pull_messages(self, message_ids):
+        return [r for r in self.replies if r.metadata.reply_to_message_id in set(message_ids)]
 
 
 def test_failed_clients_are_logged_and_left_out_of_the_aggregate():

@@ -25,7 +25,7 @@ from flower_app.app.outcome import (command_startup_s, describe_window, diverged
                                       no_better_than_chance, no_final_metric, output_dir, skipped_too_many,
                                       unserved_partitions)
 from flower_app.app.federation import Federation, NodeSubset, Traffic, connect, rejoin
-from flower_app.results.progress import round_line, terminal_round_line
+from flower_app.results.progress import clock, round_line, terminal_round_line
 from flower_app.results.contract import RunRecorder
 from flower_app.results.provenance import executed_sources
 from flower_app.app.services import RunServices
@@ -44,8 +44,11 @@ from task.learning.metrics import client_spread, final_window_mean, final_window
 class Experiment:
     """One run: the round loop of the configured algorithm plus the active paper protocols."""
 
-    def __init__(self, grid: Grid, cfg: DictConfig) -> None:
+    def __init__(self, grid: Grid, cfg: DictConfig, position: tuple[int, int, int] = (1, 1, 0)) -> None:
+        """``position``: this variant's number, the run's variants and the rounds of those after it
+        (the round lines show the whole run's place and ETA)."""
         self.grid, self.cfg = grid, cfg
+        self.position = position
         self.created = time.monotonic()
         self.start = self.created  # reset when the rounds begin: elapsed times count training and evaluation only
         self.startup_s = 0.0
@@ -283,7 +286,9 @@ class Experiment:
         log(INFO, "[flrep] start-up %.1fs (%s); training starts", self.startup_s, ", ".join(
             f"{name.removeprefix('start: ')} {v['s']:.1f}s" for name, v in self.timer.as_dict().items()
             if name.startswith("start:")))
-        bar = RoundBar(rounds, first_round - 1)  # after the line above: a line logged under the bar would join it
+        number, variants, later_rounds = self.position
+        bar = RoundBar(rounds, first_round - 1,  # after the line above: a line logged under the bar would join it
+                       f"{cfg.label} ({number}/{variants})" if variants > 1 else "")
         for t in range(self.next_round, 0 if self.main_done else rounds + 1):
             self.adopt_restarted(t, fed)
             with self.timer.phase("round: prepare"):
@@ -301,9 +306,11 @@ class Experiment:
                     self.last_main_round, self.main_done = t, True
             last = self.strategy.last_round(rounds)
             per_round = (time.monotonic() - loop_start) / (t - first_round + 1)
-            bar.advance(round_line(t, last, train_record, eval_record, time.monotonic() - self.start, per_round),
+            run_eta = f"run ETA {clock(per_round * (last - t + later_rounds))}" if variants > 1 else ""
+            bar.advance(round_line(t, last, train_record, eval_record, time.monotonic() - self.start, per_round,
+                                   f"variant {number}/{variants}, {run_eta}" if run_eta else ""),
                         terminal_round_line(t, last, train_record, eval_record, time.monotonic() - self.start,
-                                            per_round * (last - t)))
+                                            per_round * (last - t)), run_eta)
             if not self.main_done and (t >= last or self.already_failed(rounds)):
                 self.last_main_round, self.main_done = t, True
             with self.timer.phase("round: checkpoint"):

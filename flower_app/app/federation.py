@@ -19,11 +19,11 @@ from flwr.serverapp import Grid
 
 from flower_app.app.elision import PROCESS, asks_for_bodies, resend, shares_processes, wire_messages
 from flower_app.app.reply_check import reply_problem
-from flower_app.run.console import plain
+from flower_app.run.console import Progress, plain
 from flower_app.run.stop_signals import stop_requested
 from flower_app.app.timing import PhaseTimer
 from strategies.common import CONFIG, METRICS
-from strategies.services import TemplateFn
+from strategies.services import TRAIN_PHASE, TemplateFn
 from task.errors import ConfigError
 
 NODE_WAIT_S = 10.0  # simulation registers all nodes before the ServerApp starts
@@ -175,6 +175,8 @@ def connect(grid: Grid, num_clients: int, traffic: Traffic, wait_s: float = NODE
 SUPERLINK_ERRORS = (ErrorCode.NODE_UNAVAILABLE, ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE)
 #: Seconds a node that another claims to replace has to answer that it still serves its partition.
 PING_S = 30.0
+#: Exchanges of a round, whose progress the round's own bar shows on a terminal.
+ROUND_PHASES = (TRAIN_PHASE, "evaluate")
 
 
 def _still_served(grid: Grid, node: int, pid: int, traffic: Traffic, handshake: ConfigRecord | None,
@@ -286,7 +288,12 @@ def exchange(grid: Grid, messages: list[Message], traffic: Traffic, fed: Federat
     if processes:  # the engines hand messages out in partition order (Flower's) or as pushed (flrep's):
         # in this order the ones that carry shared records in full go out first
         messages = sorted(messages, key=lambda msg: fed.pid_of.get(msg.metadata.dst_node_id, -1))
-    replies, sent_by_id = send_eliding(grid, messages, processes, timeout)
+    in_a_round = phase in ROUND_PHASES or phase.endswith(f"-{TRAIN_PHASE}")  # a round has its own bar
+    progress = Progress(phase, len(messages), bar=not in_a_round)
+    try:
+        replies, sent_by_id = send_eliding(grid, messages, processes, timeout, progress)
+    finally:
+        progress.close()
     if stop_requested():  # this process is ending: the replies may be failures the stop caused, never record them
         threading.Event().wait()
     traffic.received(replies, phase)
@@ -329,14 +336,35 @@ def exchange(grid: Grid, messages: list[Message], traffic: Traffic, fed: Federat
     return [rep for _, rep in good], dict(sorted(failed.items()))
 
 
-def send_eliding(grid: Grid, messages: list[Message], processes: int,
-                 timeout: float | None = None) -> tuple[list[Message], dict[str, Message]]:
+#: Seconds between two pulls of replies (Flower's own ``send_and_receive`` waits 0.1 s too).
+PULL_INTERVAL_S = 0.1
+
+
+def send_and_receive(grid: Grid, messages: list[Message], timeout: float | None, progress: Progress) -> list[Message]:
+    """Flower's ``Grid.send_and_receive`` (push, then pull until every reply came or ``timeout``
+    passed), moving ``progress`` on as replies arrive."""
+    waiting = set(grid.push_messages(messages))
+    end = None if timeout is None else time.monotonic() + timeout
+    replies: list[Message] = []
+    while waiting and (end is None or time.monotonic() < end):
+        pulled = list(grid.pull_messages(waiting))
+        replies += pulled
+        waiting -= {rep.metadata.reply_to_message_id for rep in pulled}
+        progress.advance_to(len(replies))
+        if waiting:
+            time.sleep(PULL_INTERVAL_S)
+    return replies
+
+
+def send_eliding(grid: Grid, messages: list[Message], processes: int, timeout: float | None = None,
+                 progress: Progress | None = None) -> tuple[list[Message], dict[str, Message]]:
     """Send ``messages`` with their shared large records left out where ``processes`` client
     processes serve the nodes (:mod:`flower_app.app.elision`; 0: as they are), then those whose
     process lacked a record again in full (a second wave, with its own ``timeout``). Returns the
     replies and, by the id of each message sent, the message of ``messages`` it stood for."""
     wire = wire_messages(messages, processes)
-    replies = list(grid.send_and_receive([sent for sent, _, _ in wire], timeout=timeout))
+    progress = progress or Progress("replies", len(messages), bar=False)
+    replies = send_and_receive(grid, [sent for sent, _, _ in wire], timeout, progress)
     meant = {sent.metadata.message_id: (msg, bodies) for sent, msg, bodies in wire}
     again = [meant[rep.metadata.reply_to_message_id] for rep in replies
              if asks_for_bodies(rep) and rep.metadata.reply_to_message_id in meant]
@@ -345,7 +373,7 @@ def send_eliding(grid: Grid, messages: list[Message], processes: int,
             len(again), len(wire))
         resent = [(resend(msg, bodies), msg, bodies) for msg, bodies in again]
         replies = [rep for rep in replies if not asks_for_bodies(rep)]
-        replies += grid.send_and_receive([sent for sent, _, _ in resent], timeout=timeout)
+        replies += send_and_receive(grid, [sent for sent, _, _ in resent], timeout, progress)
         meant.update({sent.metadata.message_id: (msg, bodies) for sent, msg, bodies in resent})
     return replies, {message_id: msg for message_id, (msg, _) in meant.items()}
 

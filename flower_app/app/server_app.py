@@ -115,7 +115,8 @@ def _run_each(grid: Grid, variants: tuple[DictConfig, ...]) -> dict:
     preflight(variants)  # every variant's errors stop the run before the first variant writes anything
     base = output_dir(variants[0])
     summaries, records = {}, {}
-    for cfg in variants:
+    for number, cfg in enumerate(variants, 1):
+        later_rounds = sum(int(v.rounds) for v in variants[number:])
         with run_lock.hold(base / cfg.label):  # a variant's folder has one owner too
             cfg = cfg.copy()
             cfg.out_dir = str(base / cfg.label)
@@ -132,7 +133,7 @@ def _run_each(grid: Grid, variants: tuple[DictConfig, ...]) -> dict:
                     if moved is not None:
                         log(INFO, "[flrep] %s had no checkpoint: its files moved to %s, starting it again",
                             cfg.label, moved)
-            experiment = Experiment(grid, cfg)
+            experiment = Experiment(grid, cfg, (number, len(variants), later_rounds))
             summaries[cfg.label] = experiment.run()
             records[cfg.label] = experiment.recorder.records
     summary = write_comparison(base, summaries, records, f"{variants[0].experiment}: {' vs '.join(summaries)}")

@@ -3,7 +3,7 @@ running experiment that algorithm hooks and paper protocols get."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from flwr.app import ArrayRecord, Message
@@ -11,9 +11,10 @@ from flwr.serverapp import Grid
 from omegaconf import DictConfig
 
 from flower_app.app.federation import Federation, NodeSubset, exchange, metric_of
+from flower_app.run.console import Progress
 from strategies.base import ServerHooks
 from strategies.evaluator import ServerEvaluator
-from strategies.services import TemplateFn
+from strategies.services import T, TemplateFn
 from task.data.federated_data import FederatedData
 from task.learning.split_model import SplitModel
 
@@ -88,6 +89,15 @@ class RunServices:
 
     def metric_of(self, replies: Iterable[Message], key: str) -> dict[int, float]:
         return metric_of(replies, self._fed, key)
+
+    def progress(self, items: Iterable[T], label: str, total: int, unit: str = "client") -> Iterator[T]:
+        progress = Progress(label, total, unit)
+        try:
+            for done, item in enumerate(items, 1):
+                yield item
+                progress.advance_to(done)
+        finally:
+            progress.close()
 
     def train_round(self, server_round: int, pids: list[int]) -> dict:
         return self._run.train_round(server_round, self._fed, pids)

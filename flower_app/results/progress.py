@@ -30,9 +30,10 @@ def clock(seconds: float) -> str:
 
 
 def round_line(t: int, rounds: int, train: dict, evaluation: dict | None, elapsed_s: float,
-               seconds_per_round: float) -> str:
+               seconds_per_round: float, whole_run: str = "") -> str:
     """Round ``t`` in one line: training loss, clients that replied, traffic so far, the
-    accuracies when evaluated, training-and-evaluation time so far and the ETA."""
+    accuracies when evaluated, training-and-evaluation time so far and the ETA (``whole_run``:
+    the variant's place in a run of several and the whole run's ETA)."""
     asked = train.get("asked", len(train["clients"]))  # more than the sampled: Local-only's clients=all
     replied = asked - len(train.get("failed_clients", []))
     parts = [f"round {t}/{rounds}", "skipped" if train.get("skipped") else f"train loss {fmt(train.get('train_loss'))}",
@@ -45,6 +46,8 @@ def round_line(t: int, rounds: int, train: dict, evaluation: dict | None, elapse
                   if evaluation.get(key) is not None
                   and (key != "personalized_loss" or evaluation["personalized_accuracy"] is None)]
     parts.append(f"elapsed {elapsed_s:.1f}s | ETA {seconds_per_round * (rounds - t):.1f}s")
+    if whole_run:
+        parts.append(whole_run)
     return "[flrep] " + " | ".join(parts)
 
 

@@ -80,17 +80,18 @@ def say(message: str, since: float | None = None) -> None:
 class RoundBar:
     """A progress bar over the rounds when stderr is a terminal; nothing otherwise."""
 
-    def __init__(self, total: int, done: int) -> None:
+    def __init__(self, total: int, done: int, variant: str = "") -> None:
+        """``variant``: which variant of a run of several (shown before the bar)."""
         self.bar = None
         if sys.stderr.isatty():
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, initial=done, desc=f"{TAG} rounds", unit="round", leave=False,
-                            dynamic_ncols=True)
+            self.bar = tqdm(total=total, initial=done, desc=f"{TAG} {variant + ' ' if variant else ''}rounds",
+                            unit="round", leave=False, dynamic_ncols=True)
 
-    def advance(self, line: str, short: str) -> None:
+    def advance(self, line: str, short: str, postfix: str = "") -> None:
         """Log a round's ``line`` (on a terminal its ``short`` form, above the bar) and move the bar
-        on by a round."""
+        on by a round (``postfix``: shown after the bar, e.g. the whole run's ETA)."""
         from flwr.common.logger import log
 
         if self.bar is None:
@@ -98,7 +99,44 @@ class RoundBar:
             return
         with self.bar.external_write_mode():
             log(logging.INFO, short)
+        if postfix:
+            self.bar.set_postfix_str(postfix, refresh=False)
         self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+#: Seconds between two progress lines of a long phase when stderr is not a terminal.
+PROGRESS_EVERY_S = 30.0
+
+
+class Progress:
+    """Progress through ``total`` items of a phase (``label``): a bar when stderr is a terminal
+    and ``bar`` is true (none under the round bar), else a line at most every
+    :data:`PROGRESS_EVERY_S` seconds once the phase has taken that long: no silent minute."""
+
+    def __init__(self, label: str, total: int, unit: str = "client", bar: bool = True) -> None:
+        self.label, self.total, self.done = label, total, 0
+        self.start = self.last_line = time.monotonic()
+        self.bar = None
+        if bar and sys.stderr.isatty() and total > 1:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=f"{TAG} {label}", unit=unit, leave=False, dynamic_ncols=True)
+
+    def advance_to(self, done: int) -> None:
+        """``done`` items are finished."""
+        from flwr.common.logger import log
+
+        if self.bar is not None:
+            self.bar.update(done - self.done)
+        self.done = done
+        now = time.monotonic()
+        if self.bar is None and now - self.last_line >= PROGRESS_EVERY_S and done < self.total:
+            self.last_line = now
+            log(logging.INFO, "%s %s: %d/%d after %.0fs", TAG, self.label, done, self.total, now - self.start)
 
     def close(self) -> None:
         if self.bar is not None:
