@@ -279,3 +279,17 @@ def test_a_stopped_deploy_leaves_no_process_behind(tmp_path, how):
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
+
+
+def test_deploy_shows_the_runs_own_lines_while_it_runs(tmp_path, capsys, monkeypatch):
+    from flower_app.tools import deploy
+
+    monkeypatch.setenv("FLREP_VERBOSE", "0")
+    monkeypatch.setattr(deploy, "FOLLOW_EVERY_S", 0.05)
+    log = tmp_path / "run.log"
+    script = ("import sys, time; print('INFO :      [flrep] round 1/2', flush=True); time.sleep(0.5); "
+              "print('DEBUG : grpc chatter', flush=True); print('WARNING :   a client failed', flush=True)")
+    with log.open("w") as fh:
+        process = subprocess.Popen([sys.executable, "-c", script], stdout=fh, stderr=subprocess.STDOUT)
+    deploy.follow(log, process, timeout_s=60)
+    assert capsys.readouterr().err.splitlines() == ["INFO :      [flrep] round 1/2", "WARNING :   a client failed"]

@@ -17,6 +17,7 @@ def command(args: argparse.Namespace) -> int:
     if not first_second_check(args):
         return 2
     from flower_app.tools.certs import load_deployment_keys
+    from flower_app.run.console import say
     from flower_app.tools.deploy import LocalDeployment
 
     def check_inputs(cfg) -> None:  # before anything is written (or moved aside with --force)
@@ -43,6 +44,7 @@ def command(args: argparse.Namespace) -> int:
         keys = load_deployment_keys(Path(args.tls), args.nodes) if args.tls else None
         with LocalDeployment(out / "deployment", keys) as deployment:
             deployment.start_superlink()
+            say(f"SuperLink up on {deployment.address}; starting {args.nodes} SuperNodes")
             for i in range(args.nodes):
                 node = {"partition-id": i, "num-partitions": args.nodes}
                 if args.node_data:
@@ -52,7 +54,7 @@ def command(args: argparse.Namespace) -> int:
                     key = keys.node_keys[i][0]
                     deployment.register(keys.node_keys[i][1])
                 deployment.start_supernode(i, node, key)
-            print(f"flrep: SuperLink on {deployment.address} with {args.nodes} SuperNodes; logs in {deployment.work}")
+            say(f"logs of the SuperLink and SuperNodes in {deployment.work}")
             deployment.run(args.experiment, overrides)  # _prepare fixed out_dir (or resume) in them
     except ConfigError as err:
         return config_error(err)

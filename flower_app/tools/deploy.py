@@ -29,6 +29,7 @@ from pathlib import Path
 
 from flower_app.tools.certs import DeploymentKeys
 from flower_app.run.config import PROJECT_DIR as APP_DIR
+from flower_app.run.console import TAG, Progress, say, verbose_chosen
 from flower_app.run.run_dir import write_atomic
 from flower_app.run.stop_signals import stopping_on_signals
 from strategies.state_store import SIMULATION_ENV
@@ -87,6 +88,29 @@ def wait_for_port(address: str, seconds: float, what: str, process: subprocess.P
         except OSError:
             time.sleep(0.2)
     raise ConfigError(f"{what} at {address} is unreachable after {seconds:g} s{_log_tail(log)}")
+
+
+#: Seconds between two reads of a followed log.
+FOLLOW_EVERY_S = 0.5
+
+
+def follow(log: Path, process: subprocess.Popen, timeout_s: float | None = None) -> None:
+    """Until ``process`` ends: show the lines of ``log`` it writes that a run shows on the console
+    (flrep's own, warnings and errors; every line with ``--verbose``). Raises TimeoutExpired
+    after ``timeout_s``."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    verbose = verbose_chosen()
+    with log.open(errors="replace") as fh:
+        while True:
+            ended = process.poll() is not None
+            for line in fh.readlines():
+                if verbose or TAG in line or "WARNING" in line or "ERROR" in line:
+                    print(line.rstrip("\n"), file=sys.stderr, flush=True)
+            if ended:
+                return
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(str(process.args), timeout_s)
+            time.sleep(FOLLOW_EVERY_S)
 
 
 def _log_tail(log: Path | None, lines: int = 8) -> str:
@@ -222,11 +246,16 @@ class LocalDeployment:
         return self._start(name, args)
 
     def wait_for_supernodes(self, wait_s: float = 60.0) -> None:
-        """Wait until every running SuperNode serves its Runtime API; one that exited (a port
-        taken, a bad flag) is named with its log."""
-        for name, port in self.node_ports.items():
-            if name in self.processes:
+        """Wait until every running SuperNode serves its Runtime API, saying how many are up; one
+        that exited (a port taken, a bad flag) is named with its log."""
+        running = [(name, port) for name, port in self.node_ports.items() if name in self.processes]
+        progress = Progress("SuperNodes up", len(running), unit="node")
+        try:
+            for done, (name, port) in enumerate(running, 1):
                 wait_for_port(f"127.0.0.1:{port}", wait_s, name, self.processes[name], self.work / f"{name}.log")
+                progress.advance_to(done)
+        finally:
+            progress.close()
 
     def run(self, experiment: str, overrides: list[str], timeout_s: float | None = None) -> None:
         """Once the SuperNodes are up, submit the experiment to the SuperLink and stream its logs
@@ -234,9 +263,10 @@ class LocalDeployment:
         self.wait_for_supernodes()
         config = f"experiment={json.dumps(experiment)} overrides={json.dumps(shlex.join(overrides))}"
         args = [tool("flwr"), "run", str(APP_DIR), CONNECTION, "--run-config", config, "--stream"]
+        say(f"SuperLink and {len(self.node_ports)} SuperNodes up; run submitted (its log: {self.work / 'run.log'})")
         process = self._start("run", args)  # logs in run.log; stopped with the rest if flrep is stopped
         try:
-            process.wait(timeout=timeout_s)
+            follow(self.work / "run.log", process, timeout_s)
         except subprocess.TimeoutExpired:
             _signal_group(process, signal.SIGKILL)
             raise
