@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -664,3 +665,20 @@ def test_list_with_a_table_names_each_cell_its_role_numbers_and_cost(tiny, capsy
     assert lines[1].split()[:6] == ["a", "sensitivity", "paper", "0", "cpu", "0.3"] and "a_acc" in lines[1]
     assert lines[2].split()[:2] == ["b", "sensitivity"] and "b_acc" in lines[2]
     assert lines[3] == "all cells, seeds 0 1: paper 0.0 h, cpu 0.0 h"
+
+
+def test_a_running_cell_reports_its_rounds_and_eta(tmp_path, capsys, monkeypatch):
+    from flower_app.reproduction import runner as rep
+    from flower_app.run import console
+
+    monkeypatch.setattr(console, "PROGRESS_EVERY_S", 0.0)
+    script = ("import time\n"
+              "print('INFO :      [flrep] round 1/2 | train loss 0.5 | elapsed 5.0s | ETA 5.0s', flush=True)\n"
+              "time.sleep(2.5)\n"
+              "print('INFO :      [flrep] round 2/2 | train loss 0.4 | elapsed 10.0s | ETA 0.0s', flush=True)\n"
+              "time.sleep(2.5)\n")
+    with open(tmp_path / "seed0.log", "a") as log:
+        log.write("$ an earlier part's line: [flrep] round 9/9 | ETA 1.0s\n")
+        assert rep.run_child([sys.executable, "-c", script], log) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[reproduce]   ")]
+    assert said == ["[reproduce]   round 1/2, ETA 5.0s", "[reproduce]   round 2/2, ETA 0.0s"]
