@@ -2,6 +2,8 @@
 
 import json
 import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -12,6 +14,15 @@ from offline_data import SHARED_DATASETS
 
 if SHARED_DATASETS.is_dir():  # the data home of the tests: the offline copies (CI sets it too)
     os.environ.setdefault("FLREP_DATA", str(SHARED_DATASETS.resolve()))
+
+# Nothing the tests do (or the processes they start) writes into the user's home: flrep's caches
+# and node state, Flower's ~/.flwr and matplotlib's cache go to a temporary home, removed at the end.
+TEST_HOME = tempfile.mkdtemp(prefix="flrep-tests-home-")
+os.environ["HOME"] = TEST_HOME
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(TEST_HOME, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

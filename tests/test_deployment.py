@@ -57,6 +57,7 @@ def _run_in_background_until_round_one_ends(deployment: LocalDeployment, overrid
     return runner
 
 
+@pytest.mark.slow  # over 30 s on 2 cores: the slow suite (README)
 def test_fedrep_runs_on_a_superlink_with_three_supernodes(tmp_path):
     out = tmp_path / "out"
     with LocalDeployment(tmp_path / "deployment") as deployment:
@@ -73,6 +74,7 @@ def test_fedrep_runs_on_a_superlink_with_three_supernodes(tmp_path):
     assert summary["personalized_accuracy"] > 0.5  # digits, 2 classes per client: heads learn fast
 
 
+@pytest.mark.slow  # over 30 s on 2 cores: the slow suite (README)
 @pytest.mark.injects_faults  # a SuperNode is killed mid-run
 def test_a_killed_supernode_does_not_end_the_run(tmp_path):
     out = tmp_path / "out"
@@ -92,6 +94,7 @@ def test_a_killed_supernode_does_not_end_the_run(tmp_path):
     assert summary["rounds_skipped"] == []
 
 
+@pytest.mark.slow  # over 30 s on 2 cores: the slow suite (README)
 @pytest.mark.injects_faults  # a SuperNode goes down mid-run
 def test_a_restarted_supernode_rejoins_with_the_state_it_kept_on_disk(tmp_path):
     out = tmp_path / "out"
@@ -115,6 +118,7 @@ def test_a_restarted_supernode_rejoins_with_the_state_it_kept_on_disk(tmp_path):
     assert "client 2: state of round 1 restored" in restarted_log  # its FedRep head, from its state-dir
 
 
+@pytest.mark.slow  # over 30 s on 2 cores: the slow suite (README)
 @pytest.mark.injects_faults  # a SuperNode goes down mid-run and another claims a live node's partition
 def test_a_supernode_claiming_a_partition_a_live_node_serves_is_refused_and_the_run_is_incomplete(tmp_path):
     out = tmp_path / "out"

@@ -106,6 +106,7 @@ def test_same_seed_repeats_the_run(quickstart_run, tmp_path):
     assert [r["global_loss"] for r in a] == pytest.approx([r["global_loss"] for r in b], rel=1e-5)
 
 
+@pytest.mark.slow  # over 30 s on 2 cores: the slow suite (README)
 def test_an_interrupted_simulation_resumes_through_flrep_run(tmp_path):
     args = ["quickstart", "algorithm=fedrep", "compare=[]", "rounds=4", "eval.final_window=2", "wandb.enabled=false"]
     whole = flrep_run(*args, "--out", str(tmp_path / "whole"))

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from flower_app.cli import main as flrep
 from flower_app.tools.leftovers import IN_USE_S, UNKNOWN_IDLE_S
 
@@ -52,6 +54,7 @@ def test_state_left_by_finished_or_deleted_runs_is_removed_and_nothing_else(tmp_
     assert resumable.exists() and in_use.exists() and unknown.exists()
 
 
+@pytest.mark.slow  # over 30 s on 2 cores: the slow suite (README)
 def test_two_simulated_runs_leave_no_client_state_outside_their_run_folders(tmp_path):
     env = {**os.environ, "HOME": str(tmp_path / "home")}
     outs = [tmp_path / "first", tmp_path / "second"]

@@ -50,6 +50,7 @@ def linear_run(tmp_path, rounds, every):
     return summary["comparison"], summary
 
 
+@pytest.mark.slow  # over 30 s on 2 cores: the slow suite (README)
 def test_fedrep_and_fedavg_learn_the_representation_and_d_gd_does_not(tmp_path):
     """FedAvg-FT §5.1 (d=100, k=5, M=40, all clients): in 150 rounds FedRep < 1e-3, FedAvg (tau=2) < 1e-2, D-GD > 0.1."""
     comp, _ = linear_run(tmp_path, rounds=150, every=50)

@@ -107,3 +107,69 @@ def test_the_token_scan_finds_a_name_in_code(tmp_path):
     source = tmp_path / "x.py"
     source.write_text('"""fedrep in a docstring is fine."""\n# fedrep in a comment too\nif algorithm == "fedrep":\n    pass\n')
     assert "fedrep" in _code_tokens(source) and "fedrep in a docstring is fine." not in _code_tokens(source)
+
+
+def test_each_message_finds_the_model_at_the_initial_weights_whatever_the_last_client_left(tmp_path):
+    """A careless handler that leaves its client's values in the model (here: every weight set to
+    the partition id) leaks nothing into the next client the worker serves."""
+    import torch
+
+    from strategies.fedavg import make_strategy as fedavg_server
+    from strategies.common import reply
+
+    found = []
+
+    def careless_train(rt, content):
+        found.append({k: v.clone() for k, v in rt.model.state_dict().items()})
+        rt.load(content[ARRAYS])  # the received global weights, as FedAvg's client does
+        answer = reply(rt.arrays(), num_examples=len(rt.train))
+        with torch.no_grad():  # and junk left behind in the model
+            for value in rt.model.state_dict().values():
+                value.fill_(float(rt.partition_id + 1))
+        return answer
+
+    algorithm = register(Algorithm(name="careless", make_strategy=fedavg_server,
+                                   handlers={"train": careless_train}, shared_keys=all_keys))
+    try:
+        overrides = f"{OVERRIDES} algorithm=careless train.fraction=1.0 rounds=2 out_dir={tmp_path}"
+        grid = LocalGrid(4, {"experiment": "quickstart", "overrides": overrides})  # one process serves all 4
+        experiment = Experiment(grid, load_config("quickstart", overrides.split()))
+        fed = experiment.start_federation()
+        experiment.train_round(1, fed)
+        experiment.train_round(2, fed)
+    finally:
+        ALGORITHMS.pop(algorithm.name)
+    initial = found[0]  # the first message of a fresh worker: the run's initial weights
+    assert len(found) == 8 and not any(torch.all(v == 1.0) for v in initial.values())
+    for state in found[1:]:
+        assert all(torch.equal(state[k], initial[k]) for k in initial)
+
+
+def test_a_plugins_own_evaluation_metrics_are_recorded(tmp_path):
+    import json
+
+    from strategies.common import reply
+    from strategies.fedavg import make_strategy as fedavg_server
+    from strategies.fedavg import local_sgd
+
+    def evaluate_with_a_score(rt, content):
+        rt.load(content[ARRAYS])
+        metrics = rt.evaluate_local()
+        return reply(None, **metrics, my_score=float(rt.partition_id))
+
+    algorithm = register(Algorithm(name="scored", make_strategy=fedavg_server, shared_keys=all_keys,
+                                   handlers={"train": local_sgd, "evaluate": evaluate_with_a_score}))
+    try:
+        overrides = f"{OVERRIDES} algorithm=scored train.fraction=1.0 rounds=1 out_dir={tmp_path}"
+        grid = LocalGrid(4, {"experiment": "quickstart", "overrides": overrides})
+        assert Experiment(grid, load_config("quickstart", overrides.split())).run()["status"] == "completed"
+    finally:
+        ALGORITHMS.pop(algorithm.name)
+    evals = [r for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines()) if r["phase"] == "eval"]
+    assert evals[-1]["reply_metrics"] == {"my_score": 1.5}  # the mean over partitions 0..3
+
+
+def test_an_unknown_algorithm_points_at_plugins():
+    with pytest.raises(ConfigError, match=r"algorithm: got 'my_clip', .*; if 'my_clip' is a plug-in's algorithm, "
+                                          r"name its module: plugins=\[<module>\]"):
+        load_config("quickstart", ["algorithm=my_clip"])

@@ -47,6 +47,7 @@ def _completed(out: Path, result: subprocess.CompletedProcess) -> dict:
     return summary
 
 
+@pytest.mark.slow  # over 30 s on 2 cores: the slow suite (README)
 def test_a_plugin_runs_through_the_simulation_engines_workers(user_folder):
     out = user_folder / "out"
     result = _flrep(["run", "quickstart", *RUN, "rounds=2", "data.num_clients=6", "train.fraction=1.0",
@@ -58,6 +59,7 @@ def test_a_plugin_runs_through_the_simulation_engines_workers(user_folder):
     assert "clip" in (out / "config.yaml").read_text()
 
 
+@pytest.mark.slow  # over 30 s on 2 cores: the slow suite (README)
 def test_a_plugin_runs_on_real_supernodes(user_folder):
     out = user_folder / "out"
     result = _flrep(["deploy", "--nodes", "2", "quickstart", *RUN, "rounds=1", "train.fraction=1.0",
@@ -102,6 +104,7 @@ register(Algorithm(name="fedavg_probe", description="FedAvg that asks each clien
 """
 
 
+@pytest.mark.slow  # over 30 s on 2 cores: the slow suite (README)
 def test_a_plugins_query_handler_answers_on_real_supernodes(user_folder):
     """A SuperNode's ClientApp process imports the app before it reads the run's configuration,
     so before the plug-in: the plug-in's ``query.trainsize`` must still be routed to its handler."""

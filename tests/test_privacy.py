@@ -15,6 +15,8 @@ import pytest
 
 from tests.privacy import FOLDER, calls, leaks
 
+pytestmark = pytest.mark.slow  # one 2.5-minute run through the engine: the slow suite (README)
+
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ["quickstart", "wandb.enabled=false", "data.num_clients=6", "train.fraction=0.5", "rounds=4", "eval.every=2",
         "eval.final_window=1", "simulation.client_cpus=1", "plugins=[tests.privacy_leaks,tests.privacy_spy]"]

@@ -490,6 +490,7 @@ def test_a_run_resumed_on_another_machine_records_both_parts(tiny, tmp_path, mon
     assert "on x86_64 × 16 CPUs, NVIDIA H200; x86_64 × 2 CPUs" in (tmp_path / "table.md").read_text()
 
 
+@pytest.mark.slow  # over 30 s on 2 cores: the slow suite (README)
 def test_reproduce_runs_each_cell_and_seed_once_and_resumes(tiny, tmp_path, capsys):
     out = tmp_path / "out"
     table = load_table("tiny")
@@ -553,6 +554,7 @@ def test_a_second_reproduce_on_one_table_folder_exits_2_at_once_naming_the_first
     assert not (out / ".flrep.lock").exists()
 
 
+@pytest.mark.slow  # over 30 s on 2 cores: the slow suite (README)
 def test_a_fresh_clone_continues_a_table_from_the_runs_git_keeps(tiny, tmp_path, capsys):
     """Of a committed table folder git keeps each run's summary.json and config.yaml only; a fresh
     clone runs none of those cells again and rebuilds the table from them and its new runs."""

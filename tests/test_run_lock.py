@@ -149,6 +149,7 @@ def test_the_loser_of_two_new_runs_into_one_folder_exits_2_and_the_winner_comple
     assert not (whole / LOCK_FILE).exists()
 
 
+@pytest.mark.slow  # over 30 s on 2 cores: the slow suite (README)
 def test_two_resumes_of_one_interrupted_run_one_proceeds_the_other_exits_2(whole, tmp_path):
     cut = tmp_path / "cut"
     proc = _start(*ARGS, "--out", str(cut), err=tmp_path / "cut.err")

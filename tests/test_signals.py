@@ -129,6 +129,7 @@ def test_one_stop_per_command_and_a_sigint_ignored_at_start_stays_ignored():
     assert not stop_requested()
 
 
+@pytest.mark.slow  # over 30 s on 2 cores: the slow suite (README)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
 def test_a_group_signal_stops_flrep_run_cleanly(tmp_path, sig):
     out = tmp_path / "run"
@@ -138,6 +139,7 @@ def test_a_group_signal_stops_flrep_run_cleanly(tmp_path, sig):
     assert _resume_line(text, "run") == shlex.join(["flrep", "run", *RUN, "rounds=60", f"resume={out}"])
 
 
+@pytest.mark.slow  # over 30 s on 2 cores: the slow suite (README)
 def test_sigterm_to_flrep_alone_and_through_timeout(tmp_path):
     out = tmp_path / "run"
     text, left = _stop(_flrep("run", *RUN, "rounds=60", "--out", str(out)), out, tmp_path, signal.SIGTERM, "pid")
@@ -148,6 +150,7 @@ def test_sigterm_to_flrep_alone_and_through_timeout(tmp_path):
     assert left == [] and _resume_line(text, "run").endswith(f"resume={wrapped}")
 
 
+@pytest.mark.slow  # over 30 s on 2 cores: the slow suite (README)
 def test_a_run_stopped_by_a_group_sigterm_resumes_to_the_same_metrics(tmp_path):
     whole = subprocess.run(_flrep("run", *RUN, "rounds=4", "--out", str(tmp_path / "whole")),
                            capture_output=True, text=True, timeout=600)
@@ -174,6 +177,7 @@ def test_ctrl_c_stops_flrep_deploy_cleanly(tmp_path):
     assert _resume_line(text, "deploy").endswith(f"resume={out}")
 
 
+@pytest.mark.slow  # over 30 s on 2 cores: the slow suite (README)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
 def test_a_group_signal_stops_flrep_reproduce_and_its_run(tmp_path, sig):
     out = tmp_path / "table"

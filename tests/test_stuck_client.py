@@ -35,6 +35,7 @@ register(dataclasses.replace(fedavg, name="stuck", section="fedavg", handlers={*
 '''
 
 
+@pytest.mark.slow  # over 30 s on 2 cores: the slow suite (README)
 @pytest.mark.injects_faults
 def test_a_run_whose_client_never_answers_exits_soon_after_its_last_round_leaving_nothing(tmp_path):
     (tmp_path / "stuckclient.py").write_text(STUCK)

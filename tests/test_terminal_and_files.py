@@ -56,6 +56,7 @@ def on_a_terminal(argv: list[str], columns: int, timeout: float = 600) -> tuple[
         os.close(master)
 
 
+@pytest.mark.slow  # over 30 s on 2 cores: the slow suite (README)
 def test_a_quiet_run_on_a_terminal_shows_no_ray_line_and_round_lines_fit_100_columns(tmp_path):
     code, output = on_a_terminal([sys.executable, "-m", "flower_app.cli", "run", "quickstart", *TINY,
                                   "--out", str(tmp_path / "run")], columns=TERMINAL_COLUMNS)

@@ -200,6 +200,7 @@ def test_tune_refuses_a_cell_without_a_grid_naming_the_cells_that_have_one(tuned
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # over 30 s on 2 cores: the slow suite (README)
 def test_flrep_tune_runs_the_grid_for_real_and_reproduce_runs_the_choice(tuned, tmp_path, capsys):
     out = tmp_path / "out"
     assert flrep(["tune", "tiny", "a", "--out", str(out)]) == 0

@@ -3,7 +3,7 @@
 FedAvg whose server clips the averaged update to norm ``clip.max_norm`` (server-side update
 clipping, as in differentially private FedAvg without the noise). Run it with
 
-    flrep run quickstart 'plugins=[fedavg_clip]' algorithm=fedavg_clip clip.max_norm=0.5
+    flrep run quickstart 'plugins=[fedavg_clip]' algorithm=fedavg_clip clip.max_norm=0.25
 
 from the folder that holds this file (or with that folder on PYTHONPATH). Every process of the
 run imports the module named in ``plugins`` before it reads the configuration, so the
@@ -16,11 +16,10 @@ import math
 from dataclasses import dataclass
 
 from flwr.app import ArrayRecord, MetricRecord
-from flwr.serverapp.strategy import FedAvg
 from omegaconf import DictConfig
 
 from strategies import Algorithm, register
-from strategies.base import TAKE_ALL_NODES, ServerHooks, all_keys
+from strategies.base import TAKE_ALL_NODES, ServerHooks, WeightedAverage, all_keys
 from strategies.checks import positive
 from strategies.common import ARRAYS, NUM_EXAMPLES, ClientRuntime, reply, round_config
 
@@ -32,8 +31,9 @@ class ClipConfig:
     max_norm: float = positive(0.5)  # the largest norm of the averaged update the server applies
 
 
-class ClippedFedAvg(ServerHooks, FedAvg):
-    """The server half: FedAvg, then the averaged update scaled down to norm ``max_norm``."""
+class ClippedFedAvg(ServerHooks, WeightedAverage):
+    """The server half: FedAvg (weighted as ``train.aggregation`` says, by
+    :class:`~strategies.base.WeightedAverage`), then the averaged update scaled down to norm ``max_norm``."""
 
     def __init__(self, max_norm: float) -> None:
         super().__init__(**TAKE_ALL_NODES)
@@ -62,7 +62,7 @@ def local_sgd(rt: ClientRuntime, content):
 
 def make_strategy(cfg: DictConfig) -> ClippedFedAvg:
     """The server half, from the run's configuration."""
-    return ClippedFedAvg(cfg.clip.max_norm)
+    return ClippedFedAvg(cfg.clip.max_norm).average_as(cfg)
 
 
 ALGORITHM = register(Algorithm(

@@ -117,6 +117,8 @@ def runtime_for(context: Context, content: RecordDict | None = None) -> ClientRu
     )
     if data_path is None and not one_client:
         check_partition_id(pid, fed.num_clients)
+    model.load_state_dict(initial)  # every message finds the model as the run began: nothing of the
+    # worker's previous client (its head, its local part) carries over to this one
     index = 0 if data_path or one_client else pid
     train_idx = torch.as_tensor(fed.client_train[index], device=device)
     test_idx = torch.as_tensor(fed.client_test[index], device=device)

@@ -24,7 +24,7 @@ from flower_app.run.config import PROJECT_DIR, clients_per_round, server_device,
 from flower_app.app.outcome import (command_startup_s, describe_window, diverged, incomplete,
                                       no_better_than_chance, no_final_metric, output_dir, skipped_too_many,
                                       unserved_partitions)
-from flower_app.app.federation import Federation, NodeSubset, Traffic, connect, rejoin
+from flower_app.app.federation import Federation, NodeSubset, Traffic, connect, other_metrics, rejoin
 from flower_app.results.progress import clock, round_line, terminal_round_line
 from flower_app.results.contract import RunRecorder
 from flower_app.results.provenance import executed_sources
@@ -34,7 +34,7 @@ from flower_app.results.tracking import Tracker
 from protocols import PROTOCOLS
 from strategies import ALGORITHMS
 from strategies.base import Algorithm, ServerHooks
-from strategies.common import VALIDATION_ACCURACY, failure_fields, fmt
+from strategies.common import NUM_EXAMPLES, VALIDATION_ACCURACY, failure_fields, fmt
 from strategies.evaluator import ServerEvaluator
 from strategies.services import TRAIN_PHASE
 from task.data.sampling import sample_clients
@@ -194,6 +194,9 @@ class Experiment:
                 held = self.evaluator.per_client_validation(pids)
         for protocol in self.protocols:
             protocol.on_evaluate(t, record, replies, self.services)
+        extra = other_metrics(replies, {"accuracy", "loss", VALIDATION_ACCURACY, NUM_EXAMPLES, *record})
+        if extra:  # a plug-in's own evaluation metrics, averaged over the clients that sent them
+            record["reply_metrics"] = extra
         return accs, losses, held, failed
 
     def should_evaluate(self, t: int) -> bool:

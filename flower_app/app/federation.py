@@ -378,6 +378,19 @@ def send_eliding(grid: Grid, messages: list[Message], processes: int, timeout: f
     return replies, {message_id: msg for message_id, (msg, _) in meant.items()}
 
 
+def other_metrics(replies: Iterable[Message], known: Iterable[str]) -> dict[str, float]:
+    """The mean over the replies of each numeric metric not in ``known`` (nor a Ray node mark):
+    what a plug-in's handler reports beyond accuracy and loss, recorded rather than dropped."""
+    values: dict[str, list[float]] = {}
+    skip = set(known)
+    for rep in replies:
+        metrics = rep.content[METRICS] if METRICS in rep.content else {}
+        for key, value in metrics.items():
+            if key not in skip and not key.startswith(NODE_MARK) and isinstance(value, (int, float)):
+                values.setdefault(key, []).append(float(value))
+    return {key: float(np.mean(v)) for key, v in sorted(values.items())}
+
+
 def metric_of(replies: Iterable[Message], fed: Federation, key: str) -> dict[int, float]:
     """``key`` of each reply's MetricRecord, by partition id."""
     out = {}

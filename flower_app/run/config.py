@@ -133,7 +133,9 @@ def _explain(err: OmegaConfBaseException, schema: type) -> str:
     allowed = allowed_at(schema, key) if key else None
     if isinstance(err, ValidationError) and allowed is not None:
         value = getattr(err, "value", None)
-        return f"{key}: got {value!r}, expected {allowed}{did_you_mean(str(value), choices_at(schema, key))}"
+        plugin = (f"; if {value!r} is a plug-in's algorithm, name its module: plugins=[<module>] "
+                  "(docs/extending.md)") if key == "algorithm" else ""  # perhaps one whose module was not named
+        return f"{key}: got {value!r}, expected {allowed}{plugin}{did_you_mean(str(value), choices_at(schema, key))}"
     return f"{key or 'overrides'}: {str(err.msg).splitlines()[0]}"
 
 
