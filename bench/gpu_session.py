@@ -1,7 +1,7 @@
-"""Every GPU figure the docs report, from one command on a freshly lent GPU machine.
+"""Every GPU figure the docs report, from one command on a GPU machine (online or not).
 
-Run through ``bench/gpu_session.sh`` (docs/gpu.md, "On a lent GPU"). It installs the carried
-wheels when Flower, Ray and the rest are missing (files carried in parts, ``NAME.part00``,
+Run through ``bench/gpu_session.sh`` (docs/gpu.md, "Benchmark"). It installs the given
+wheels when Flower, Ray and the rest are missing (files split in parts, ``NAME.part00``,
 ``NAME.part01``, ..., are joined first), then runs the existing commands one after another:
 ``flrep bench``, ``flrep bench-entk``, ``flrep bench-round``, a 100-round ``flrep run`` and one
 ``flrep reproduce`` table cell. Each step's output goes to ``session.log``, its wall time and
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-NEEDED = ("flwr", "ray", "omegaconf", "datasets", "flwr_datasets")  # not on the lent machines' image
-SITE = Path(tempfile.gettempdir()) / "flrep-site"  # where the carried wheels go (on every child's PYTHONPATH)
+NEEDED = ("flwr", "ray", "omegaconf", "datasets", "flwr_datasets")  # what a bare GPU image may lack
+SITE = Path(tempfile.gettempdir()) / "flrep-site"  # where the given wheels go (on every child's PYTHONPATH)
 PART = re.compile(r"^(?P<name>.+)\.part\d+$")
 EXPERIMENT = ["fedrep_cifar10_100x2", "eval.every=1", "train.augment=crop_flip"]  # docs/benchmark.md's runs
 # --dry-run: all ten clients of 5,000 images each round, 50 steps a phase: each client trains, so the runs beat
@@ -103,7 +103,7 @@ def steps(device: str, dry: bool, out: Path, work: Path) -> list[Step]:
 
 
 def join_parts(folder: Path) -> list[Path]:
-    """Files carried in parts (``NAME.part00``, ``NAME.part01``, ...) joined into ``NAME`` once."""
+    """Files split in parts (``NAME.part00``, ``NAME.part01``, ...) joined into ``NAME`` once."""
     groups: dict[Path, list[Path]] = {}
     for part in sorted(folder.rglob("*.part*")):
         m = PART.match(part.name)
@@ -121,7 +121,7 @@ def join_parts(folder: Path) -> list[Path]:
 
 
 def install(wheels: Path | None) -> str:
-    """Install the carried wheels into :data:`SITE` when a package is missing (there or here)."""
+    """Install the given wheels into :data:`SITE` when a package is missing (there or here)."""
     sys.path.insert(0, str(SITE))
     missing = [m for m in NEEDED if importlib.util.find_spec(m) is None]
     if not missing:
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", type=Path, default=os.environ.get("FLREP_DATA"),
                    help="the data home (FLREP_DATA), holding cifar10-jpeg/CIFAR-10-images-jpeg.tar or its parts")
     p.add_argument("--wheels", type=Path, default=os.environ.get("FLREP_WHEELS"),
-                   help="folder of carried cp312 wheels (and parts NAME.part00, ...), installed if Flower is missing")
+                   help="folder of wheels for this Python (and parts NAME.part00, ...), installed if Flower is missing")
     p.add_argument("--out", type=Path, help="figures and summary.md (default docs/bench-gpu/<date>; "
                                             "with --dry-run a new temporary folder)")
     p.add_argument("--work", type=Path, help="the runs' folders (default a new temporary folder)")
