@@ -16,7 +16,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from flower_app.results.plots import plot_linear, save_figure  # noqa: E402
+from flower_app.results.plots import plot_linear, round_axis, save_figure  # noqa: E402
 from flower_app.results.contract import clean_json  # noqa: E402
 from flower_app.run.run_dir import write_text_atomic  # noqa: E402
 from task.files import WriteFailed  # noqa: E402
@@ -69,12 +69,13 @@ def plot_comparison(records: dict[str, list[dict]], path: Path, title: str) -> P
         regression = all(r.get("personalized_accuracy") is None for r in evals)
         plotted.add("test loss" if regression else "test accuracy")
         keys = (("personalized_loss", "-", " (loss)"),) if regression else (
-            ("personalized_accuracy", "-", ""), ("global_accuracy", "--", " (global)"))
+            ("personalized_accuracy", "-", " (personalized)"), ("global_accuracy", "--", " (global)"))
         for key, style, suffix in keys:
             pts = [(r["round"], r[key]) for r in evals if r.get(key) is not None]
             if pts:
                 ax.plot(*zip(*pts), style, color=f"C{i}", label=label + suffix)
-    ax.set(xlabel="round", ylabel=" / ".join(sorted(plotted)), title=title)
+    ax.set(ylabel=" / ".join(sorted(plotted)), title=title)
+    round_axis(ax)
     ax.grid(alpha=0.3)
     if ax.lines:
         ax.legend(fontsize=8)

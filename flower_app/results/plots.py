@@ -17,6 +17,12 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from flower_app.run.run_dir import write_atomic  # noqa: E402
 
 
+def round_axis(ax) -> None:
+    """Label ``ax``'s x axis "round", with whole rounds only as ticks (a 3-round run has no 1.5)."""
+    ax.set_xlabel("round")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def save_figure(fig, path: Path, dpi: float = 120) -> None:
     """Write ``fig`` to ``path`` (and its folder) atomically (a reader never sees half a PNG; a
     failed write leaves no file and names ``path``)."""
@@ -32,7 +38,8 @@ def plot_run(records: list[dict], plots_dir: Path, title: str) -> list[Path]:
         pts = [(r["round"], r[key]) for r in evals if r.get(key) is not None]
         if pts:
             ax.plot(*zip(*pts), label=label)
-    ax.set(xlabel="round", ylabel="test accuracy", title=title)
+    ax.set(ylabel="test accuracy", title=title)
+    round_axis(ax)
     ax.grid(alpha=0.3)
     if ax.lines:
         ax.legend()
@@ -49,7 +56,8 @@ def plot_run(records: list[dict], plots_dir: Path, title: str) -> list[Path]:
         ax2.hist(list(last["client_accuracy"].values()), bins=10, color="tab:orange")
         ax2.set(xlabel="local test accuracy", ylabel="clients", title=f"round {last['round']}")
         ax2.yaxis.set_major_locator(MaxNLocator(integer=True))  # counts of clients
-    ax.set(xlabel="round", ylabel="local test accuracy per client", title=f"{title}: spread over clients")
+    ax.set(ylabel="local test accuracy per client", title=f"{title}: spread over clients")
+    round_axis(ax)
     ax.grid(alpha=0.3)
     written.append(plots_dir / "client_spread.png")
     save_figure(fig, written[-1])
@@ -150,8 +158,10 @@ def plot_linear(records: dict[str, list[dict]], path: Path, title: str) -> Path:
         ns = sorted(alone, key=int)
         ax_n.loglog([int(n) for n in ns], [alone[n] for n in ns], "k--", marker="x", label="local only")
     fig.suptitle(title)
-    ax_d.set(xlabel="round", ylabel="dist(B, B*)", title="distance to the true representation")
-    ax_g.set(xlabel="round", ylabel="‖∇ global loss‖", title="global-loss gradient norm (global models)")
+    ax_d.set(ylabel="dist(B, B*)", title="distance to the true representation")
+    ax_g.set(ylabel="‖∇ global loss‖", title="global-loss gradient norm (global models)")
+    round_axis(ax_d)
+    round_axis(ax_g)
     ax_n.set(xlabel="samples n of a new client", ylabel="‖Bw − B*w*‖²", title="new client: least-squares head on learned B")
     for ax in (ax_d, ax_g, ax_n):
         ax.grid(alpha=0.3, which="both")
@@ -195,8 +205,13 @@ def plot_table(table, table_rows: list[dict], path: Path) -> None:
         means = [r["mean"] for r in mine]
         if not col.percent and means and min(means) > 0:
             ax.set_yscale("log")
+        if col.percent and means:  # bars from just below the lowest value, not from 0: the differences show
+            low = min([r["mean"] - (r["std"] or 0) for r in mine] + [p for _, p in paper])
+            high = max([r["mean"] + (r["std"] or 0) for r in mine] + [p for _, p in paper])
+            ax.set_ylim(max(0.0, math.floor(low / 5) * 5 - 5), min(100.0, math.ceil(high / 5) * 5 + 5))
         ax.grid(alpha=0.3, axis="y")
-        ax.legend(fontsize=8)
+    handles, names = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="outside lower center", ncol=2, fontsize=8)  # once, clear of every panel's bars
     fig.suptitle(textwrap.fill(table.title, int(width * ncols * 9)), fontsize=10)
     save_figure(fig, path, dpi=min(120, TABLE_PNG_MAX_PX / (width * ncols)))  # a table of many cells stays < 1 MB
     plt.close(fig)
