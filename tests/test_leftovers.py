@@ -67,3 +67,25 @@ def test_two_simulated_runs_leave_no_client_state_outside_their_run_folders(tmp_
         assert not (out / "client-state").exists()  # the heads were on disk there while the run went on
     cache = tmp_path / "home" / ".cache" / "flrep"
     assert not (cache / "client-state").exists() and not (cache / "node-state").exists()
+
+
+def test_a_completed_run_keeps_its_server_checkpoint_and_drops_the_client_snapshots(tmp_path):
+    from flower_app.app.server_app import run_variants
+    from flower_app.run.config import load_variants
+    from tests.local_grid import LocalGrid
+
+    items = ["algorithm=fedrep", "compare=[]", "data.num_clients=4", "train.fraction=1.0", "rounds=2",
+             "eval.final_window=1", "wandb.enabled=false", f"out_dir={tmp_path}"]
+    seen = []
+    grid = LocalGrid(4, {"experiment": "quickstart", "overrides": " ".join(items)})
+    original = grid.send_and_receive
+
+    def watching(messages, *, timeout=None):  # the snapshots exist while the run goes
+        replies = original(messages, timeout=timeout)
+        seen.append(len(list((tmp_path / "checkpoint" / "clients").glob("client*/round*.pt"))))
+        return replies
+
+    grid.send_and_receive = watching
+    assert run_variants(grid, load_variants("quickstart", items))["status"] == "completed"
+    assert max(seen) >= 4  # each client's head, snapshotted
+    assert (tmp_path / "checkpoint" / "server.pt").is_file() and not (tmp_path / "checkpoint" / "clients").exists()

@@ -30,6 +30,8 @@ from task.errors import ConfigError
 from task.files import UnsafeFile, load_torch, save_torch_atomic
 
 SERVER_FILE = "server.pt"
+#: The folder of the clients' snapshots in ``flrep run``'s simulation (removed when the run completes).
+CLIENT_SNAPSHOTS = "clients"
 #: The layout of ``server.pt``; a checkpoint of another format is refused, never guessed at.
 FORMAT = 3
 #: Keys that may differ between a run and its resumption (where and how it runs, not what).

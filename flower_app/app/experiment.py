@@ -104,7 +104,7 @@ class Experiment:
         """What a node hears when it joins: the variant, where clients snapshot their state
         after each round, and the round whose snapshot to restore (-1: none)."""
         return ConfigRecord({"variant": self.cfg.label,
-                             "checkpoint-dir": str(checkpoint.checkpoint_dir(self.out_dir) / "clients"),
+                             "checkpoint-dir": str(checkpoint.checkpoint_dir(self.out_dir) / checkpoint.CLIENT_SNAPSHOTS),
                              "checkpoint-key": f"{self.name}-{self.run_token}", "restore-round": restore_round,
                              "input-shape": [int(d) for d in self.data.bundle.input_shape],
                              "num-classes": int(self.data.bundle.num_classes)})

@@ -102,10 +102,11 @@ def run_variants(grid: Grid, variants: tuple[DictConfig, ...]) -> dict:
     """Run each variant in turn on the same federation; with several, write the comparison."""
     check_simulated_nodes(grid, int(variants[0].data.num_clients), float(variants[0].faults.node_wait_s))
     summary = _run_each(grid, variants)
-    if summary.get("status") == "completed":  # nothing is left to resume: the working files of its clients go
-        base = output_dir(variants[0])
+    if summary.get("status") == "completed":  # nothing is left to resume: the working files of its clients
+        base = output_dir(variants[0])  # and their snapshots go (server.pt stays: `flrep export` reads it)
         for folder in [base, *(base / cfg.label for cfg in variants if len(variants) > 1)]:
             shutil.rmtree(folder / RUN_STATE, ignore_errors=True)
+            shutil.rmtree(checkpoint.checkpoint_dir(folder) / checkpoint.CLIENT_SNAPSHOTS, ignore_errors=True)
     return summary
 
 
