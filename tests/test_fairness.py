@@ -121,6 +121,7 @@ def test_the_fair_model_is_refused_for_an_algorithm_that_does_not_declare_it(alg
 
 
 def test_fedrep_with_the_fair_model_stops_before_round_one_and_writes_nothing(tmp_path, capsys):
+    shared("adult")  # the data is checked first
     out = tmp_path / "run"
     assert flrep(["run", "lg_fair_adult", "algorithm=fedrep", "compare=[]", "fair.adversarial=false",
                   "--out", str(out)]) == 2

@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 from flower_app.run.precheck import CONF_DIR, quick_check
 from flower_app.run.schema import run_schema
 from task.errors import ConfigError
+from offline_data import shared
 
 
 @pytest.mark.parametrize("experiment, overrides, message", [
@@ -26,6 +27,7 @@ def test_quick_mistakes_are_named(experiment, overrides, message):
 
 
 def test_valid_overrides_pass_and_unknown_sections_are_left_to_the_full_check():
+    shared("mnist")  # lg_mnist's data (the check would download it)
     quick_check("lg_mnist", ["rounds=3", "train.lr=0.1", "fedrep.head_epochs=2", "data.root=mnist"])
     quick_check("quickstart", ["my_plugin.alpha=1"])  # a plug-in's own section: the full check decides
 

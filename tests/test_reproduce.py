@@ -19,6 +19,7 @@ from flower_app.reproduction.runner import Job, check, command, plan, reproduce,
 from flower_app.run.stop_signals import Stopped
 from flower_app.reproduction.tables import SCALES, load_table, table_names
 from task.errors import ConfigError
+from offline_data import shared
 
 TINY = """
 title: Tiny table
@@ -605,6 +606,7 @@ def test_git_keeps_the_summary_and_config_of_each_reproduction_run_and_nothing_e
 def test_sigterm_stops_the_running_cell_and_leaves_no_process(tmp_path):
     """SIGTERM to ``flrep reproduce`` stops its ``flrep run`` child (and that child's engine) and
     exits 143; the same command later starts the cell again."""
+    shared("adult")  # lg_table4_adult's data
     import signal
     import subprocess
     import sys

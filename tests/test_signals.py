@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.terminal_signals import as_in_a_terminal
+from offline_data import shared
 
 RUN = ["quickstart", "algorithm=fedrep", "compare=[]", "eval.final_window=2", "wandb.enabled=false"]
 RAY_DUMP = ("*** SIGTERM received", "*** SIGINT received", "*** Aborted at", "PC: @", "Fatal Python error")
@@ -180,6 +181,7 @@ def test_ctrl_c_stops_flrep_deploy_cleanly(tmp_path):
 @pytest.mark.slow  # over 30 s on 2 cores: the slow suite (README)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
 def test_a_group_signal_stops_flrep_reproduce_and_its_run(tmp_path, sig):
+    shared("adult")  # lg_table4_adult's data
     out = tmp_path / "table"
     cmd = _flrep("reproduce", "lg_table4_adult", "--only", "lg_iid", "--seeds", "0", "--out", str(out))
     text, left = _stop(cmd, out / "runs" / "lg_iid" / "seed0", tmp_path, sig)

@@ -9,7 +9,7 @@ import pytest
 
 from flower_app.run.config import load_variants, shadowed_overrides
 from flower_app.run.smoke import SMOKE_ROUNDS, describe_smoke
-from flower_app.tools.catalogue import experiment_names
+from flower_app.run.experiment_files import experiment_names
 
 
 @pytest.mark.parametrize("name", experiment_names())
@@ -63,3 +63,22 @@ def test_flrep_run_smoke_prints_what_it_shortened_and_the_summary_says_smoke(tmp
     for variant in ("fedrep", "fedavg"):
         summary = json.loads((out / variant / "summary.json").read_text())
         assert summary["smoke"] is True and summary["rounds"] == 3 and summary["status"] == "completed"
+
+
+def test_a_smoke_run_is_not_judged_on_learning_but_a_diverged_one_fails(tmp_path):
+    from flower_app.app.server_app import run_variants
+    from tests.local_grid import LocalGrid
+
+    def run(out, extra):
+        items = ["algorithm=fedrep", "compare=[]", "data.num_clients=4", "train.fraction=0.25", "smoke=true",
+                 "wandb.enabled=false", f"out_dir={out}", *extra]
+        return run_variants(LocalGrid(4, {"experiment": "quickstart", "overrides": " ".join(items)}),
+                            load_variants("quickstart", items))
+
+    unlearned = run(tmp_path / "a", ["train.lr=0.000001"])  # 3 rounds that barely move: learned nothing
+    assert unlearned["status"] == "completed" and unlearned["smoke"] is True
+    assert "failure_reason" not in unlearned
+    judged = run(tmp_path / "c", ["train.lr=0.000001", "smoke=false", "rounds=3", "fedrep.head_epochs=1"])
+    assert judged["status"] == "failed" and "learned nothing" in judged["failure_reason"]  # the same, not a smoke run
+    exploded = run(tmp_path / "b", ["train.lr=10000"])
+    assert exploded["status"] == "failed" and "diverged" in exploded["failure_reason"]

@@ -377,13 +377,15 @@ class Experiment:
         for protocol in self.protocols:
             summary.update(protocol.summary(records, self.services))
         summary.update(self.strategy.summary_extra(records))
-        own_data = self.fed is not None and self.fed.own_data  # the server holds no labels
+        judged = not (self.fed is not None and self.fed.own_data) and not cfg.smoke  # the server holds the labels,
+        # and the run is long enough to have learned (a smoke run's few rounds are not: it may still diverge)
         reason = (skipped_too_many(trains, float(cfg.faults.max_skipped_fraction))
                   or self.strategy.run_failure(self.last_round_run)
                   or no_final_metric(summary, final("global_loss"), window)
                   or diverged(records, None if self.data.bundle.task == "regression" else int(self.data.bundle.num_classes))
-                  or (None if own_data else no_better_than_chance(summary, self.data, self.trainable))
-                  or next(filter(None, (p.run_failure(summary, self.services) for p in self.protocols)), None))
+                  or (no_better_than_chance(summary, self.data, self.trainable) if judged else None)
+                  or (next(filter(None, (p.run_failure(summary, self.services) for p in self.protocols)), None)
+                      if not cfg.smoke else None))
         if reason is not None:
             summary.update(status="failed", failure_reason=reason)
         elif not cfg.faults.allow_unserved and (gaps := incomplete(summary["unserved_partitions"])):

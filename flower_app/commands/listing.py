@@ -9,8 +9,8 @@ from task.errors import ConfigError
 
 
 def command(args: argparse.Namespace) -> int:
-    from flower_app.tools.catalogue import (algorithm_lines, builtin_algorithms, experiment_lines, experiment_names,
-                                            load_catalogue)
+    from flower_app.run.experiment_files import experiment_names
+    from flower_app.tools.catalogue import algorithm_lines, builtin_algorithms, experiment_lines, load_catalogue
 
     try:
         catalogue = load_catalogue()

@@ -25,7 +25,7 @@ from flower_app.run.schema import run_schema
 from flower_app.run.flat_config import experiment_of, overrides_of
 from flower_app.run.smoke import as_overrides, smoke_changes
 from flower_app.run.suggest import choices_at, did_you_mean
-from flower_app.tools.catalogue import experiment_names
+from flower_app.run.experiment_files import experiment_names
 from strategies.checks import allowed_at, check_ranges, require
 from strategies.common import configured_head
 from task.errors import ConfigError

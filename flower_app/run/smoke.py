@@ -4,7 +4,8 @@ Every variant and every phase is cut down: 3 rounds, one local epoch, and what e
 and protocol declares in its ``smoke`` hook (warm starts, stages, head epochs, +FT, new clients,
 online rounds). The shortening is applied after each variant's own ``compare`` entry, so a
 variant's own ``rounds=`` is shortened too. A smoke run's numbers say only that it runs; its
-summary says ``smoke: true``.
+summary says ``smoke: true``. It is not judged on whether it learned (a few rounds need not beat
+the clients' majority labels), but a diverged one (a NaN, an exploded loss) still fails.
 """
 
 from __future__ import annotations

@@ -84,11 +84,6 @@ def algorithm_lines(descriptions: Mapping[str, str]) -> list[str]:
     return [f"  {name:{width}s}{text or '-'}" for name, text in descriptions.items()]
 
 
-def experiment_names() -> list[str]:
-    """Names of the experiment files in ``conf/experiment``."""
-    return sorted(p.stem for p in (APP_DIR / "conf" / "experiment").glob("*.yaml"))
-
-
 def builtin_algorithms(folder: Path = STRATEGIES_DIR) -> dict[str, str]:
     """Name -> description of each ``ALGORITHM = register(Algorithm(name=..., description=...))``
     in ``folder``'s modules, read from their source (sorted by name)."""
