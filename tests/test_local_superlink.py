@@ -48,3 +48,26 @@ def test_the_local_superlink_and_its_children_are_stopped_and_a_hand_started_one
             for kid in psutil.Process(proc.pid).children() if proc.poll() is None else []:
                 kid.kill()
             proc.kill()
+
+
+def test_a_finished_run_left_unreaped_is_listed_as_such(tmp_path, capsys):
+    script = tmp_path / "x" / "flower-superlink"
+    script.parent.mkdir()
+    script.write_text(textwrap.dedent("""\
+        import subprocess, sys, time
+        finished = subprocess.Popen([sys.executable, "-c", "pass"])  # a run that ended; never waited for
+        time.sleep(120)
+    """))
+    link = subprocess.Popen([sys.executable, str(script), "--log-file", str(tmp_path / "local-superlink" / "s.log")])
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not [c for c in psutil.Process(link.pid).children()
+                                                     if c.status() == psutil.STATUS_ZOMBIE]:
+            time.sleep(0.1)
+        zombie = psutil.Process(link.pid).children()[0]
+        assert flrep(["superlink"]) == 0
+        line = next(x for x in capsys.readouterr().out.splitlines() if x.split()[:1] == [str(zombie.pid)])
+        assert "a finished run's process, not yet reaped by Flower's SuperExec" in line
+    finally:
+        link.kill()
+        link.wait()

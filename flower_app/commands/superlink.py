@@ -6,7 +6,7 @@ import argparse
 
 
 def command(args: argparse.Namespace) -> int:
-    from flower_app.tools.superlink import describe, local_superlinks, stop, with_descendants
+    from flower_app.tools.superlink import describe, finished_runs, local_superlinks, stop, with_descendants
 
     links = local_superlinks()
     if not links:
@@ -16,6 +16,9 @@ def command(args: argparse.Namespace) -> int:
     print("flrep: the local SuperLink of flwr run . and the processes it started:")
     for proc in processes:
         print(describe(proc))
+    for proc in (p for link in links for p in finished_runs(link)):
+        print(f"{proc.pid:>7}  a finished run's process, not yet reaped by Flower's SuperExec (<defunct>, no memory; "
+              "it goes at the SuperExec's next run, or with --stop)")
     if not args.stop:
         print("flrep: stop them with: flrep superlink --stop")
         return 0

@@ -46,6 +46,16 @@ def _alive(proc: psutil.Process) -> bool:
         return False
 
 
+def finished_runs(link: psutil.Process) -> list[psutil.Process]:
+    """The finished run processes (``flwr-simulation``) under ``link`` that Flower's SuperExec has
+    not reaped yet: it starts each run with ``subprocess.Popen`` and keeps no handle, so Python
+    reaps a finished one only when the SuperExec starts its next process. They hold no memory."""
+    try:
+        return [p for p in link.children(recursive=True) if not _alive(p)]
+    except psutil.NoSuchProcess:
+        return []
+
+
 def describe(proc: psutil.Process) -> str:
     """``PID  command line`` of a process (shortened)."""
     try:
