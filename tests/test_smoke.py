@@ -82,3 +82,32 @@ def test_a_smoke_run_is_not_judged_on_learning_but_a_diverged_one_fails(tmp_path
     assert judged["status"] == "failed" and "learned nothing" in judged["failure_reason"]  # the same, not a smoke run
     exploded = run(tmp_path / "b", ["train.lr=10000"])
     assert exploded["status"] == "failed" and "diverged" in exploded["failure_reason"]
+
+
+def test_under_flwr_run_the_serverapp_says_what_smoke_shortened_and_what_rounds_does_not_reach(tmp_path, monkeypatch):
+    """No flrep command printed these lines: the ServerApp logs them (flat run-config keys)."""
+    import logging
+
+    from flwr.app import Context, RecordDict
+    from flwr.common.logger import FLOWER_LOGGER
+
+    from flower_app.app import server_app
+    from flower_app.app.outcome import COMMAND_START_ENV
+    from tests.local_grid import LocalGrid
+
+    monkeypatch.delenv(COMMAND_START_ENV, raising=False)
+    lines = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    FLOWER_LOGGER.addHandler(handler)
+    run_config = {"experiment": "quickstart", "overrides": "", "smoke": True, "data.num_clients": 4,
+                  "wandb.enabled": False, "out_dir": str(tmp_path), "compare": "[algorithm=fedavg rounds=7]",
+                  "rounds": 5}
+    try:
+        server_app.main(LocalGrid(4, run_config), Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                                                          run_config=run_config))
+    finally:
+        FLOWER_LOGGER.removeHandler(handler)
+    assert any(line.startswith("[flrep] rounds=5 does not reach compare[0]") for line in lines), lines
+    assert "[flrep] smoke: fedrep: rounds 5 -> 3, fedrep.head_epochs 10 -> 1" in lines
+    assert "[flrep] smoke: fedavg: rounds 7 -> 3" in lines

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import shutil
 import threading
 import time
-from logging import ERROR, INFO
+from logging import ERROR, INFO, WARNING
 from pathlib import Path
 
 from flwr.app import Context
@@ -20,9 +22,10 @@ from flower_app.app import checkpoint
 from flower_app.run import console, run_dir, run_lock
 from flower_app.results.comparison import comparison_table, write_comparison
 from flower_app.run.flat_config import experiment_of, overrides_of
-from flower_app.run.config import server_device, validate_with_data, variants_from_run_config
+from flower_app.run.config import server_device, shadowed_overrides, validate_with_data, variants_from_run_config
+from flower_app.run.smoke import describe_smoke
 from flower_app.app.experiment import Experiment
-from flower_app.app.outcome import output_dir
+from flower_app.app.outcome import COMMAND_START_ENV, output_dir
 from strategies.checks import require
 from strategies.state_store import RUN_STATE
 from task.errors import ConfigError
@@ -160,7 +163,13 @@ def main(grid: Grid, context: Context) -> None:
     console.configure()
     rc = context.run_config
     try:
-        run_variants(grid, variants_from_run_config(experiment_of(rc), overrides_of(rc)))
+        variants = variants_from_run_config(experiment_of(rc), overrides_of(rc))
+        if COMMAND_START_ENV not in os.environ:  # flwr run: no flrep command said these at its start
+            for line in shadowed_overrides(experiment_of(rc), overrides_of(rc)):
+                log(WARNING, "[flrep] %s", line)
+            for line in describe_smoke(experiment_of(rc), shlex.split(overrides_of(rc))) if variants[0].smoke else []:
+                log(INFO, "[flrep] smoke: %s", line)
+        run_variants(grid, variants)
     except ConfigError as err:  # one line, not a traceback: the message names the key and the fix
         log(ERROR, "[flrep] configuration error: %s", err)
         stopped_by_config_error.set()
