@@ -372,8 +372,7 @@ def check(cfg: DictConfig) -> None:
 def smoke(cfg: DictConfig) -> dict:
     """A one-round warm start (not one up to a goal accuracy), LG-FedAvg in the other rounds."""
     warm = min(1 if cfg.lg.fedavg_rounds is None else int(cfg.lg.fedavg_rounds), int(cfg.rounds) - 1)
-    return {"lg.fedavg_rounds": warm, "lg.goal_accuracy": None,
-            "lg.lg_rounds": None if cfg.lg.lg_rounds is None else int(cfg.rounds) - warm}
+    return {"lg.fedavg_rounds": warm, "lg.goal_accuracy": None, "lg.lg_rounds": cfg.lg.lg_rounds and int(cfg.rounds) - warm}
 
 
 def check_model(cfg: DictConfig, data, model: SplitModel) -> None:

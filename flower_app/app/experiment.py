@@ -45,8 +45,7 @@ class Experiment:
     """One run: the round loop of the configured algorithm plus the active paper protocols."""
 
     def __init__(self, grid: Grid, cfg: DictConfig, position: tuple[int, int, int] = (1, 1, 0)) -> None:
-        """``position``: this variant's number, the run's variants and the rounds of those after it
-        (the round lines show the whole run's place and ETA)."""
+        # position: this variant's number, the run's variants and the rounds of those after it
         self.grid, self.cfg = grid, cfg
         self.position = position
         self.created = time.monotonic()
@@ -194,9 +193,8 @@ class Experiment:
                 held = self.evaluator.per_client_validation(pids)
         for protocol in self.protocols:
             protocol.on_evaluate(t, record, replies, self.services)
-        extra = other_metrics(replies, {"accuracy", "loss", VALIDATION_ACCURACY, NUM_EXAMPLES, *record})
-        if extra:  # a plug-in's own evaluation metrics, averaged over the clients that sent them
-            record["reply_metrics"] = extra
+        if extra := other_metrics(replies, {"accuracy", "loss", VALIDATION_ACCURACY, NUM_EXAMPLES, *record}):
+            record["reply_metrics"] = extra  # a plug-in's own evaluation metrics, averaged over its clients
         return accs, losses, held, failed
 
     def should_evaluate(self, t: int) -> bool:
@@ -289,9 +287,8 @@ class Experiment:
         log(INFO, "[flrep] start-up %.1fs (%s); training starts", self.startup_s, ", ".join(
             f"{name.removeprefix('start: ')} {v['s']:.1f}s" for name, v in self.timer.as_dict().items()
             if name.startswith("start:")))
-        number, variants, later_rounds = self.position
-        bar = RoundBar(rounds, first_round - 1,  # after the line above: a line logged under the bar would join it
-                       f"{cfg.label} ({number}/{variants})" if variants > 1 else "")
+        number, variants, later_rounds = self.position  # the bar comes after the line above (a line under it joins it)
+        bar = RoundBar(rounds, first_round - 1, f"{cfg.label} ({number}/{variants})" if variants > 1 else "")
         for t in range(self.next_round, 0 if self.main_done else rounds + 1):
             self.adopt_restarted(t, fed)
             with self.timer.phase("round: prepare"):
@@ -310,8 +307,8 @@ class Experiment:
             last = self.strategy.last_round(rounds)
             per_round = (time.monotonic() - loop_start) / (t - first_round + 1)
             run_eta = f"run ETA {clock(per_round * (last - t + later_rounds))}" if variants > 1 else ""
-            bar.advance(round_line(t, last, train_record, eval_record, time.monotonic() - self.start, per_round,
-                                   f"variant {number}/{variants}, {run_eta}" if run_eta else ""),
+            whole = f"variant {number}/{variants}, {run_eta}" if run_eta else ""
+            bar.advance(round_line(t, last, train_record, eval_record, time.monotonic() - self.start, per_round, whole),
                         terminal_round_line(t, last, train_record, eval_record, time.monotonic() - self.start,
                                             per_round * (last - t)), run_eta)
             if not self.main_done and (t >= last or self.already_failed(rounds)):
@@ -377,8 +374,7 @@ class Experiment:
         for protocol in self.protocols:
             summary.update(protocol.summary(records, self.services))
         summary.update(self.strategy.summary_extra(records))
-        judged = not (self.fed is not None and self.fed.own_data) and not cfg.smoke  # the server holds the labels,
-        # and the run is long enough to have learned (a smoke run's few rounds are not: it may still diverge)
+        judged = not (self.fed is not None and self.fed.own_data) and not cfg.smoke  # labels here; no smoke run
         reason = (skipped_too_many(trains, float(cfg.faults.max_skipped_fraction))
                   or self.strategy.run_failure(self.last_round_run)
                   or no_final_metric(summary, final("global_loss"), window)

@@ -336,8 +336,7 @@ def exchange(grid: Grid, messages: list[Message], traffic: Traffic, fed: Federat
     return [rep for _, rep in good], dict(sorted(failed.items()))
 
 
-#: Seconds between two pulls of replies (Flower's own ``send_and_receive`` waits 0.1 s too).
-PULL_INTERVAL_S = 0.1
+PULL_INTERVAL_S = 0.1  # seconds between two pulls of replies (as Flower's own send_and_receive)
 
 
 def send_and_receive(grid: Grid, messages: list[Message], timeout: float | None, progress: Progress) -> list[Message]:

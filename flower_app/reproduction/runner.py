@@ -13,7 +13,6 @@ also each earlier part, which may have run on another machine) and
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 import threading
@@ -26,6 +25,7 @@ from flower_app.app import checkpoint
 from flower_app.run import run_dir, run_lock
 from flower_app.run.run_dir import read_summary, write_atomic
 from flower_app.run.stop_signals import Stopped, stopping_on_signals
+from flower_app.reproduction.child_rounds import report_rounds
 from flower_app.reproduction.report import claim_results, failed_seeds, markdown, rows, table_csv
 from flower_app.reproduction.tables import Cell, Table
 from task.errors import ConfigError
@@ -291,28 +291,6 @@ def earlier_parts(record: dict | None) -> list[dict]:
     return [*record.get("earlier_parts", []), part]
 
 
-#: A round's line in a run's log: its round and ETA (:func:`flower_app.results.progress.round_line`).
-ROUND_LINE = re.compile(r"\[flrep\] (round \d+/\d+) .*\| ETA ([\d.]+)s")
-
-
-def _report_rounds(path: str, start: int, ended: threading.Event) -> None:
-    """Until ``ended``: the latest round of the run writing ``path`` (from byte ``start``) and its ETA, a line every
-    :data:`~flower_app.run.console.PROGRESS_EVERY_S` seconds (the first as soon as a round ends)."""
-    from flower_app.run import console
-    from flower_app.results.progress import clock
-
-    last_said, latest, said = 0.0, None, None
-    with open(path, errors="replace") as fh:
-        fh.seek(start)
-        while not ended.wait(1.0):
-            for line in fh.readlines():
-                found = ROUND_LINE.search(line)
-                latest = found.groups() if found else latest
-            if latest and latest != said and (said is None or time.monotonic() - last_said >= console.PROGRESS_EVERY_S):
-                print(f"[reproduce]   {latest[0]}, ETA {clock(float(latest[1]))}", flush=True)
-                last_said, said = time.monotonic(), latest
-
-
 def run_child(cmd: list[str], log) -> int:
     """Run ``cmd`` (output to ``log``, whose rounds are reported as they end) and return its exit
     code. A stop signal to this process (:mod:`flower_app.run.stop_signals`) is passed on to the
@@ -320,7 +298,7 @@ def run_child(cmd: list[str], log) -> int:
     has not stopped within a minute; then :class:`Stopped` goes on."""
     ended = threading.Event()
     log.flush()
-    threading.Thread(target=_report_rounds, args=(log.name, log.tell(), ended), daemon=True).start()
+    threading.Thread(target=report_rounds, args=(log.name, log.tell(), ended), daemon=True).start()
     with stopping_on_signals():
         child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         try:
