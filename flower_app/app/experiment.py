@@ -44,8 +44,7 @@ from task.learning.metrics import client_spread, final_window_mean, final_window
 class Experiment:
     """One run: the round loop of the configured algorithm plus the active paper protocols."""
 
-    def __init__(self, grid: Grid, cfg: DictConfig, position: tuple[int, int, int] = (1, 1, 0)) -> None:
-        # position: this variant's number, the run's variants and the rounds of those after it
+    def __init__(self, grid: Grid, cfg: DictConfig, position: tuple[int, int, int] = (1, 1, 0)) -> None:  # (n, of, rounds after)
         self.grid, self.cfg = grid, cfg
         self.position = position
         self.created = time.monotonic()
