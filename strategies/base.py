@@ -63,15 +63,32 @@ class WeightedAverage(FedAvg):
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        replies = list(replies)
         if self.aggregation == "examples":
-            return super().aggregate_train(server_round, replies)
+            arrays, metrics = super().aggregate_train(server_round, replies)
+            return dtypes_of_replies(arrays, replies), metrics
         valid, _ = checked_replies(replies, is_train=True, weighted_by_key=self.weighted_by_key)
         if not valid:
             return None, None
         contents = [RecordDict({**m.content, METRICS: MetricRecord({**m.content[METRICS], self.weighted_by_key: 1.0})})
                     for m in valid]
-        return (weighted_average(contents, self.weighted_by_key),
+        return (dtypes_of_replies(weighted_average(contents, self.weighted_by_key), valid),
                 self.train_metrics_aggr_fn(contents, self.weighted_by_key))
+
+
+def dtypes_of_replies(arrays: ArrayRecord | None, replies: list[Message]) -> ArrayRecord | None:
+    """``arrays`` with the dtypes of the replies' arrays: Flower's average makes integer buffers
+    (batch norm's ``num_batches_tracked``) float64; they go back as the rounded integers."""
+    sent = next((m.content[ARRAYS] for m in replies if not m.has_error() and ARRAYS in m.content), None)
+    if arrays is None or sent is None:
+        return arrays
+    out = ArrayRecord()
+    for key, array in arrays.items():
+        value, dtype = array.numpy(), sent[key].numpy().dtype if key in sent else None
+        if dtype is not None and value.dtype != dtype:
+            value = np.asarray(np.rint(value) if np.issubdtype(dtype, np.integer) else value).astype(dtype)
+        out[key] = Array(value)
+    return out
 
 
 def same_arrays_as_sent(message: Message) -> dict[str, ArrayRecord]:

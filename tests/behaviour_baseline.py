@@ -57,7 +57,7 @@ CASES: dict[str, tuple[str, str]] = {
                                        "data.num_clients=4 train.fraction=0.5 eval.final_window=2 "
                                        "fair.pretrain_epochs=1 fair.postfit_epochs=1 train.local_epochs=1"),
 }
-TIMING_KEYS = {"elapsed_s", "wall_time_s", "convexify_seconds", "entk_client_seconds_max", "entk_samples_per_s",
+TIMING_KEYS = {"elapsed_s", "wall_time_s", "wall_time_per_round_s", "convexify_seconds", "entk_client_seconds_max", "entk_samples_per_s",
                "tct_convexify_seconds", "tct_entk_samples_per_s", "out_dir", "timings", "started_at", "startup_s",
                "total_time_s", "source"}
 

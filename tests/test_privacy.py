@@ -6,6 +6,7 @@ show that the check finds what it looks for."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +31,11 @@ PRIVATE = {  # label -> a run in which clients keep private state
     "lg_fedavg": "algorithm=lg_fedavg lg.fedavg_rounds=1 lg.global_part=[fc2]",
     "local_only": "algorithm=local_only",
     "fed_mtl": "algorithm=fed_mtl",
+    "fedproto": "algorithm=fedproto",  # whole models kept; class prototypes (no kept value) go up
+    "fedala": "algorithm=fedala",  # its ALA weights W (its kept model is its upload)
+    "feddbe": "algorithm=feddbe",  # its bias memory mu_i (PRBM)
+    "fedbn": "algorithm=fedbn model.name=digits_mlp_bn",  # its batch-norm layers
+    "pfedme": "algorithm=pfedme",  # its personal model theta_i
 }
 LG_SELECTION = "algorithm=lg_fedavg lg.fedavg_rounds=1 lg.global_part=[fc2] eval.every=1 new_test.enabled=true new_test.models=best"
 LEAKY = {  # label -> a client that leaks on purpose
@@ -38,14 +44,18 @@ LEAKY = {  # label -> a client that leaks on purpose
     "apfl-reports-alpha": "algorithm=apfl apfl.adaptive=true apfl.report_alpha=true",  # a private scalar in its metrics
 }
 SCAFFOLD = "algorithm=scaffold"
-VARIANTS = {**PRIVATE, "lg-selection": LG_SELECTION, **LEAKY, "scaffold": SCAFFOLD}
+FEDAMP = "algorithm=fedamp"  # every client's own model goes up by design
+VARIANTS = {**PRIVATE, "lg-selection": LG_SELECTION, **LEAKY, "scaffold": SCAFFOLD, "fedamp": FEDAMP}
 
 
 def shared_by_design(label: str):
-    """Kept values a run sends by design: Fed-MTL's regularised first layers; the accuracy of the
-    best local part LG's selection keeps (every evaluation reply reports its accuracy)."""
+    """Kept values a run sends by design: Fed-MTL's regularised first layers; FedALA's local model
+    (its upload); the accuracy of the best local part LG's selection keeps (every evaluation reply
+    reports its accuracy)."""
     if label == "fed_mtl":
         return lambda name: name.rsplit("/", 1)[-1].startswith("fc1.")
+    if label == "fedala":  # the kept local model is what it sends; W is private
+        return lambda name: name.startswith("fedala/local-model/")
     if label == "lg-selection":
         return lambda name: name.endswith("/lg-best/accuracy")
     return lambda name: False
@@ -108,6 +118,13 @@ def test_the_check_finds_a_private_scalar_in_the_metrics(recorded):
     found = leaks(_calls(recorded, "apfl-reports-alpha"))
     assert found and all("metrics/alpha=" in line and "(by scalar)" in line for line in found), found
     assert not leaks(_calls(recorded, "apfl"))  # the same run without apfl.report_alpha
+
+
+def test_fedamp_sends_up_only_each_clients_own_model(recorded):
+    """FedAMP uploads w_i by design; nothing a client keeps goes down, and no client's model reaches another."""
+    found = leaks(_calls(recorded, "fedamp"))
+    assert found and all(re.match(r"up train of partition (\d+): .* is partition \1 keeps fedamp/own-model/", line)
+                         for line in found), found
 
 
 def test_the_server_can_rebuild_each_scaffold_control_variate_from_its_updates(recorded):

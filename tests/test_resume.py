@@ -41,6 +41,13 @@ CASES = {
     "fed_mtl-official": "algorithm=fed_mtl mtl.lam1=0.5 mtl.omega=official mtl.columns=sampled",
     "perfedavg": "algorithm=perfedavg perfedavg.inner_lr=0.01",
     "l2gd": "algorithm=l2gd l2gd.p=0.5 l2gd.alpha=0.03 eval.every=5 seed=4",  # rounds 3-4 aggregate: the average is pending at the cut
+    "fedala": "algorithm=fedala",  # the clients' local models and ALA weights (start phases span the cut)
+    "fedamp-last_round": "algorithm=fedamp fedamp.peers=last_round",  # the server's store of models and last uploaders
+    "fedproto-keep_absent": "algorithm=fedproto fedproto.keep_absent=true",  # the server's prototypes, the clients' models
+    "feddbe": "algorithm=feddbe",  # the server's global mean, the clients' bias memories
+    "fedbn": "algorithm=fedbn model.name=digits_mlp_bn",  # the clients' batch-norm layers
+    "pfedme-beta": "algorithm=pfedme pfedme.beta=2",  # the clients' personal models, the server's mixing
+    "fedbabu": "algorithm=fedbabu finetune.enabled=true finetune.epochs=2",  # the frozen head, +FT after the cut
 }
 STOP_ROUND = 4
 

@@ -356,6 +356,7 @@ class Experiment:
             "unserved_partitions": unserved_partitions(records),
             "rounds_skipped": [r["round"] for r in trains if r.get("skipped")],
             "wall_time_s": time.monotonic() - self.start,
+            "wall_time_per_round_s": (time.monotonic() - self.start) / max(len(trains), 1),
             "startup_s": self.startup_s,
             "total_time_s": time.monotonic() - self.start + self.startup_s,
             "started_at": self.started_at,

@@ -36,6 +36,19 @@ OUTPUTS = ("logits", "softmax")
 _LOGITS_ONLY = ("quadratic", "linear_rep", "adult_fair")
 
 
+class BatchNorm1d(nn.BatchNorm1d):
+    """Batch normalisation over features that, in training, normalises a batch of one sample by
+    the running statistics (without updating them) instead of failing: a client's last mini-batch
+    can hold a single sample."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Batch statistics, or the running ones for a single training sample."""
+        if self.training and x.shape[0] == 1:
+            return nn.functional.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
+                                            False, 0.0, self.eps)
+        return super().forward(x)
+
+
 def _image_shape(name: str, input_shape: tuple[int, ...]) -> tuple[int, int, int]:
     if len(input_shape) != 3:
         raise ConfigError(f"model.name: {name} needs a (C, H, W) input shape, got {input_shape}")
@@ -60,12 +73,14 @@ def _add_fc_groups(
     hidden: Sequence[int],
     num_classes: int,
     dropout_last_hidden: float = 0.0,
+    batch_norm: bool = False,
 ) -> SplitModel:
-    """Append ReLU linear groups ``fc1..`` (fc1 flattens first) and a linear head; build."""
+    """Append ReLU linear groups ``fc1..`` (fc1 flattens first; with ``batch_norm`` a
+    :class:`BatchNorm1d` before each ReLU) and a linear head; build."""
     sizes = (n_in, *hidden)
     for i, (n, m) in enumerate(zip(sizes, hidden), start=1):
         layers: list[nn.Module] = [nn.Flatten()] if i == 1 else []
-        layers += [nn.Linear(n, m), nn.ReLU()]
+        layers += [nn.Linear(n, m), *([BatchNorm1d(m)] if batch_norm else []), nn.ReLU()]
         if i == len(hidden) and dropout_last_hidden:
             layers.append(nn.Dropout(dropout_last_hidden))
         groups[f"fc{i}"] = nn.Sequential(*layers)
@@ -80,14 +95,20 @@ def _conv_fc_net(
     hidden: Sequence[int],
     num_classes: int,
     dropout_last_hidden: float = 0.0,
+    batch_norm: bool = False,
 ) -> SplitModel:
-    """Groups ``conv1..`` (5x5 conv, ReLU, 2x2 max pool), then ``fc1..`` and a linear head."""
+    """Groups ``conv1..`` (5x5 conv, ReLU, 2x2 max pool; with ``batch_norm`` a BatchNorm2d after
+    each conv and a :class:`BatchNorm1d` after each hidden linear layer, as FedBN's CNNs), then
+    ``fc1..`` and a linear head."""
     c, _, _ = _image_shape(name, input_shape)
     groups: OrderedDict[str, nn.Module] = OrderedDict()
     for i, (c_in, c_out) in enumerate(zip((c, *channels), channels), start=1):
-        groups[f"conv{i}"] = nn.Sequential(nn.Conv2d(c_in, c_out, 5), nn.ReLU(), nn.MaxPool2d(2))
-    n_in = _flat_size(name, list(groups.values()), input_shape)
-    return _add_fc_groups(groups, n_in, hidden, num_classes, dropout_last_hidden)
+        norm = [nn.BatchNorm2d(c_out)] if batch_norm else []
+        groups[f"conv{i}"] = nn.Sequential(nn.Conv2d(c_in, c_out, 5), *norm, nn.ReLU(), nn.MaxPool2d(2))
+    n_in = _flat_size(name, [g.eval() for g in groups.values()], input_shape)  # eval: moves no BN statistics
+    for g in groups.values():
+        g.train()
+    return _add_fc_groups(groups, n_in, hidden, num_classes, dropout_last_hidden, batch_norm)
 
 
 def _mlp(input_shape: tuple[int, ...], hidden: Sequence[int], num_classes: int) -> SplitModel:
@@ -102,6 +123,12 @@ def fedrep_cnn(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
     307,842 parameters on (3, 32, 32) with 10 classes. Groups conv1, conv2, fc1, fc2, fc3.
     """
     return _conv_fc_net("fedrep_cnn", input_shape, (64, 64), (120, 64), num_classes)
+
+
+def fedrep_cnn_bn(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
+    """``fedrep_cnn`` with batch normalisation after every conv and hidden linear layer (before
+    its ReLU), the layers FedBN keeps local. Same groups as ``fedrep_cnn``."""
+    return _conv_fc_net("fedrep_cnn_bn", input_shape, (64, 64), (120, 64), num_classes, batch_norm=True)
 
 
 def fedrep_cnn100(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
@@ -184,6 +211,11 @@ def mlp_femnist(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
 def digits_mlp(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
     """Small MLP for scikit-learn's 8x8 digits: 64-64-classes, ReLU; 4,810 params (10 classes)."""
     return _mlp(input_shape, (64,), num_classes)
+
+
+def digits_mlp_bn(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
+    """``digits_mlp`` with a :class:`BatchNorm1d` before its ReLU (FedBN on the quickstart)."""
+    return _add_fc_groups(OrderedDict(), math.prod(input_shape), (64,), num_classes, batch_norm=True)
 
 
 def linear(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
@@ -304,6 +336,7 @@ def adult_fair(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
 _BUILDERS: dict[str, Callable[[tuple[int, ...], int], SplitModel]] = {
     "adult_fair": adult_fair,
     "fedrep_cnn": fedrep_cnn,
+    "fedrep_cnn_bn": fedrep_cnn_bn,
     "fedrep_cnn100": fedrep_cnn100,
     "fedavgft_cnn": fedavgft_cnn,
     "mlp_mnist": mlp_mnist,
@@ -312,6 +345,7 @@ _BUILDERS: dict[str, Callable[[tuple[int, ...], int], SplitModel]] = {
     "simple_cnn": simple_cnn,
     "resnet18_gn": resnet18_gn,
     "digits_mlp": digits_mlp,
+    "digits_mlp_bn": digits_mlp_bn,
     "linear": linear,
     "quadratic": quadratic,
     "linear_rep": linear_rep,
