@@ -36,6 +36,7 @@ PRIVATE = {  # label -> a run in which clients keep private state
     "feddbe": "algorithm=feddbe",  # its bias memory mu_i (PRBM)
     "fedbn": "algorithm=fedbn model.name=digits_mlp_bn",  # its batch-norm layers
     "pfedme": "algorithm=pfedme",  # its personal model theta_i
+    "fedrod": "algorithm=fedrod",  # its personal head
 }
 LG_SELECTION = "algorithm=lg_fedavg lg.fedavg_rounds=1 lg.global_part=[fc2] eval.every=1 new_test.enabled=true new_test.models=best"
 LEAKY = {  # label -> a client that leaks on purpose

@@ -45,6 +45,7 @@ CASES = {
     "fedamp-last_round": "algorithm=fedamp fedamp.peers=last_round",  # the server's store of models and last uploaders
     "fedproto-keep_absent": "algorithm=fedproto fedproto.keep_absent=true",  # the server's prototypes, the clients' models
     "feddbe": "algorithm=feddbe",  # the server's global mean, the clients' bias memories
+    "fedrod": "algorithm=fedrod",  # the clients' personal heads
     "fedbn": "algorithm=fedbn model.name=digits_mlp_bn",  # the clients' batch-norm layers
     "pfedme-beta": "algorithm=pfedme pfedme.beta=2",  # the clients' personal models, the server's mixing
     "fedbabu": "algorithm=fedbabu finetune.enabled=true finetune.epochs=2",  # the frozen head, +FT after the cut
