@@ -13,6 +13,8 @@ from task.learning.split_model import SplitModel
 # name -> (natural input shape, classes, total parameters, groups)
 MODELS = {
     "fedrep_cnn": ((3, 32, 32), 10, 307_842, ["conv1", "conv2", "fc1", "fc2", "fc3"]),
+    "fedrep_cnn_bn": ((3, 32, 32), 10, 307_842 + 4 * (64 + 64 + 120 + 64) + 4,  # BN: weight, bias, running mean, var; 4 counters
+                      ["conv1", "conv2", "fc1", "fc2", "fc3"]),
     "fedavgft_cnn": ((3, 32, 32), 10, 845_738, ["block1", "block2", "block3", "fc1", "fc2", "fc3"]),
     "fedrep_cnn100": ((3, 32, 32), 100, 1_075_044, ["conv1", "conv2", "fc1", "fc2", "fc3"]),
     "mlp_mnist": ((1, 28, 28), 10, 633_226, ["fc1", "fc2", "fc3", "fc4", "fc5"]),
@@ -26,6 +28,7 @@ MODELS = {
         ["stem", "layer1", "layer2", "layer3", "layer4", "pool", "fc"],
     ),
     "digits_mlp": ((64,), 10, 4_810, ["fc1", "fc2"]),
+    "digits_mlp_bn": ((64,), 10, 4_810 + 4 * 64 + 1, ["fc1", "fc2"]),
     "linear_rep": ((20,), 1, 20 * 2 + 2 * 1, ["body", "head"]),
     "linear": ((5,), 1, 5 + 1, ["fc1"]),
     "quadratic": ((4,), 1, 4, ["fc1"]),
@@ -55,7 +58,8 @@ def test_parameter_count_groups_and_default_head(name):
     _, _, count, groups = MODELS[name]
     model = build(name)
     assert isinstance(model, SplitModel)
-    assert n_params(model) == count == sum(p.numel() for p in model.parameters())
+    assert n_params(model) == count  # the state: parameters and buffers (batch norm's statistics)
+    assert sum(p.numel() for p in model.parameters()) == count - sum(b.numel() for b in model.buffers())
     assert model.group_names == groups
     assert model.default_head == (groups[-1],)
     assert all(k.split(".", 1)[0] in groups + list(model.branches) for k in model.state_dict())

@@ -34,7 +34,7 @@ PRIVATE = {  # label -> a run in which clients keep private state
     "fedproto": "algorithm=fedproto",  # whole models kept; class prototypes (no kept value) go up
     "fedala": "algorithm=fedala",  # its ALA weights W (its kept model is its upload)
     "feddbe": "algorithm=feddbe",  # its bias memory mu_i (PRBM)
-    "fedbn": "algorithm=fedbn model.name=digits_mlp_bn",  # its batch-norm layers
+    "fedbn": "algorithm=fedbn model.name=digits_mlp_bn rounds=12 eval.every=4",  # its batch-norm layers (4 rounds learn nothing)
     "pfedme": "algorithm=pfedme",  # its personal model theta_i
     "fedrod": "algorithm=fedrod",  # its personal head
 }
