@@ -7,6 +7,8 @@ Client: puts the run's common initial head on the received body, trains only the
 own data for ``new_clients.epochs`` epochs (body features computed once) and reports its local
 test accuracy before the first epoch and after every epoch. Nothing is kept. It serves every
 algorithm with a shared representation (for the global-model methods: the model minus its head).
+Algorithms that train no shared model (Local-only, FedProto, FedAMP, Fed-MTL) leave their
+held-out clients out of training and report no new-client accuracy.
 """
 
 from __future__ import annotations
@@ -70,8 +72,15 @@ class NewClients(PaperProtocol):
         return {"new_clients.epochs": min(int(cfg.new_clients.epochs), 1)} if cfg.data.num_new_clients else {}
 
     def active(self, services: Services) -> bool:
-        return (bool(services.data.new_clients) and ALGORITHMS[services.cfg.algorithm].shared_keys is not None
-                and "B_star" not in services.data.bundle.meta)
+        if not services.data.new_clients or "B_star" in services.data.bundle.meta:
+            return False
+        algorithm = ALGORITHMS[services.cfg.algorithm]
+        trained = algorithm.trained_global_keys or algorithm.shared_keys
+        if trained is None or not trained(services.model, services.cfg):
+            log(INFO, "[flrep] new clients: %s trains no shared model for them to adapt; the %d held-out clients "
+                "stay out of training and have no new-client accuracy", algorithm.name, len(services.data.new_clients))
+            return False
+        return True
 
     def after_training(self, services: Services) -> dict:
         cfg, arrays = services.cfg, services.get_arrays()

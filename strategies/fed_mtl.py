@@ -186,12 +186,6 @@ def no_global_keys(model: SplitModel, cfg: DictConfig) -> list[str]:
     return []
 
 
-def check(cfg: DictConfig) -> None:
-    """Held-out new clients would adapt from the server's arrays, which here are no trained model."""
-    require(cfg.data.num_new_clients == 0, "data.num_new_clients",
-            "fed_mtl trains only local models: there is no shared model for new clients to adapt (use 0)")
-
-
 def check_model(cfg: DictConfig, data: object, model: SplitModel) -> None:
     """``mtl.first_groups`` counts groups the model has."""
     n, groups = cfg.mtl.first_groups, model.group_names
@@ -219,7 +213,6 @@ ALGORITHM = register(Algorithm(
     trained_global_keys=no_global_keys,
     config=FedMTLConfig,
     section="mtl",
-    check=check,
     check_model=check_model,
     new_test_best=True,
 ))

@@ -41,7 +41,7 @@ from flwr.serverapp.strategy import FedAvg, Strategy
 from omegaconf import MISSING, DictConfig
 
 from strategies.base import TAKE_ALL_NODES, Algorithm, ServerHooks, register
-from strategies.checks import nonnegative, positive, require
+from strategies.checks import nonnegative, positive
 from strategies.common import ARRAYS, CONFIG, NUM_EXAMPLES, ClientRuntime, reply, round_config
 from strategies.flower_compat import checked_replies
 from strategies.state_store import keep_arrays, load_kept_model
@@ -194,12 +194,6 @@ def evaluate_own(rt: ClientRuntime, content: RecordDict) -> RecordDict:
     return reply(None, **rt.evaluate_local())
 
 
-def check(cfg: DictConfig) -> None:
-    """Held-out new clients would adapt from the server's arrays, which here are no trained model."""
-    require(cfg.data.num_new_clients == 0, "data.num_new_clients",
-            "fedamp trains only personal models: there is no shared model for new clients to adapt (use 0)")
-
-
 @dataclass
 class FedAMPConfig:
     """``fedamp.*``."""
@@ -219,5 +213,4 @@ ALGORITHM = register(Algorithm(
     shared_keys=parameter_keys,
     trained_global_keys=no_global_keys,
     config=FedAMPConfig,
-    check=check,
 ))

@@ -106,7 +106,6 @@ def test_the_client_refuses_arrays_that_are_not_its_regularised_layers():
     ("mtl.first_groups=3", "mtl.first_groups", "at most 2"),
     ("mtl.omega=identity", "mtl.omega", "official"),
     ("mtl.columns=some", "mtl.columns", "sampled"),
-    ("data.num_new_clients=2", "data.num_new_clients", "no shared model"),
 ])
 def test_bad_values_are_refused_naming_the_key(override, key, allowed):
     with pytest.raises(ConfigError) as info:

@@ -195,7 +195,6 @@ def test_with_the_official_penalty_fedamp_is_local_only_value_for_value(tmp_path
     ("fedamp.lam=-0.5", "fedamp.lam", ">= 0"),
     ("fedamp.penalty=norm", "fedamp.penalty", "official"),
     ("fedamp.peers=some", "fedamp.peers", "last_round"),
-    ("data.num_new_clients=2", "data.num_new_clients", "no shared model"),
 ])
 def test_a_bad_value_is_refused_naming_its_key(override, key, allowed):
     with pytest.raises(ConfigError) as info:

@@ -331,6 +331,19 @@ def test_new_clients_with_held_out_classes_adapt_a_head_on_the_frozen_body(tmp_p
     assert (tmp_path / "fedrep" / "plots" / "newclients.png").is_file()
 
 
+@pytest.mark.parametrize("algorithm", ["fedamp", "fed_mtl", "local_only", "fedproto"])
+def test_without_a_shared_model_the_held_out_clients_stay_out_and_have_no_new_client_accuracy(tmp_path, algorithm):
+    overrides = (f"wandb.enabled=false out_dir={tmp_path} rounds=2 compare=[] algorithm={algorithm} data.num_clients=10 "
+                 "data.num_new_clients=3 train.fraction=1.0")
+    grid = LocalGrid(10, {"experiment": "quickstart", "overrides": overrides})
+    summary = run_variants(grid, load_variants("quickstart", overrides))
+    reached = {int(grid.contexts[m.metadata.dst_node_id].node_config["partition-id"]) for m in grid.sent
+               if m.metadata.message_type != "query.info"}  # the start-up query that maps nodes to partitions
+    assert reached == set(range(7))  # every training client, and no held-out one
+    assert summary["status"] == "completed" and "newclient_accuracy" not in summary
+    assert summary["personalized_accuracy"] > 0.5
+
+
 def test_new_client_classes_are_validated():
     from flower_app.run.config import validate_with_data
 
