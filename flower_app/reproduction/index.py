@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Protocol
 
 from flower_app.reproduction.report import (AGREES, DIAGNOSED, DIFFERS, INCONCLUSIVE, NOT_ATTEMPTED, VERDICTS,
-                                            ci95_half_width, failed_seeds, judge, seeds_owed)
+                                            failed_seeds, judge, seeds_owed)
+from flower_app.reproduction.seed_stats import ci95_half_width
 from flower_app.results.provenance import source_hash
 from flower_app.reproduction.index_figure import plot
 from flower_app.reproduction.tables import Table, parse_table

@@ -7,7 +7,9 @@ import csv
 import io
 import statistics
 
-from flower_app.reproduction.tables import Table
+from flower_app.reproduction.ranking import ranking_lines
+from flower_app.reproduction.seed_stats import ci95_half_width
+from flower_app.reproduction.table_model import Table
 
 
 def cell_values(table: Table, cell: str, summaries: dict[int, dict], column: str) -> dict[int, float]:
@@ -48,16 +50,6 @@ def rows(table: Table, done: dict[str, dict[int, dict]], scale: str, tuned: set[
                         "ci95": half, "paper_in_ci95": None if half is None else abs(diff) <= half,
                         "wall_s_per_seed": statistics.fmean(walls) if walls else None})
     return out
-
-
-def ci95_half_width(std: float | None, n: int) -> float | None:
-    """Half-width of the 95% Student-t interval of a mean of ``n`` values with sample std ``std``
-    (None below two values)."""
-    if std is None or n < 2:
-        return None
-    from scipy.stats import t
-
-    return float(t.ppf(0.975, n - 1)) * std / n**0.5
 
 
 AGREES, DIAGNOSED, DIFFERS, INCONCLUSIVE, NOT_ATTEMPTED = (
@@ -219,6 +211,7 @@ def markdown(table: Table, scale: str, manifest: dict, table_rows: list[dict], c
             lines.append("**Suspected causes** (`suspected:`; without paired evidence, the verdict stays *differs*):")
             lines += [f"- `{ref}`: {why}" for ref, why in table.suspected.items()]
             lines.append("")
+    lines += ranking_lines(table, table_rows)
     for cell, record in (tunings or {}).items():
         scores = ", ".join(f"{value}: " + ("failed" if mean is None else f"{mean:.4f}")
                            for value, mean in record["mean"].items())

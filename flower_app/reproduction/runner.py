@@ -27,7 +27,7 @@ from flower_app.run.run_dir import read_summary, write_atomic
 from flower_app.run.stop_signals import Stopped, stopping_on_signals
 from flower_app.reproduction.child_rounds import report_rounds
 from flower_app.reproduction.report import claim_results, failed_seeds, markdown, rows, table_csv
-from flower_app.reproduction.tables import Cell, Table
+from flower_app.reproduction.table_model import Cell, Table
 from task.errors import ConfigError
 
 MANIFEST = "reproduce.json"

@@ -25,7 +25,7 @@ from flower_app.run import run_dir, run_lock
 from flower_app.run.run_dir import read_summary, write_atomic
 from flower_app.reproduction.runner import (TUNING, Job, check, command, load_manifest, run_child, stale_keys,
                                             write_report)
-from flower_app.reproduction.tables import Cell, Table
+from flower_app.reproduction.table_model import Cell, Table
 from task.errors import ConfigError
 
 METRIC = "validation_accuracy"
