@@ -200,3 +200,29 @@ def test_the_committed_page_is_what_the_index_makes_of_the_committed_tables():
     assert committed == markdown(every, inventory(head, every)), (
         f"the committed {PAGE} is not what `flrep reproduce --index` makes of the committed tables: "
         "run it and commit the page and its figure")
+
+
+BENCH = f"""title: A benchmark
+short: Bench
+source: no paper
+columns:
+  acc: {{key: personalized_accuracy, label: accuracy, percent: true}}
+rank: {{column: acc}}
+{SCALES}cells:
+  p: {{label: P, experiment: quickstart}}
+  q: {{label: Q, experiment: quickstart}}
+  r: {{label: R, experiment: quickstart}}
+"""
+
+
+def test_a_benchmark_is_listed_apart_with_the_cells_its_page_puts_on_top(tree):
+    (tree / "conf" / "tables" / "bench.yaml").write_text(BENCH)
+    folder = tree / "docs" / "reproduction" / "bench"
+    folder.mkdir()
+    (folder / "table.csv").write_text("\n".join([
+        HEADER, "p,P,acc,accuracy,sensitivity,,,,3,3,80.0,1.0,,,,,,1,0 1 2",
+        "q,Q,acc,accuracy,sensitivity,,,,2,2,79.0,1.0,,,,,,1,0 1", "r,R,acc,accuracy,sensitivity,,,,0,0,,,,,,,,,"]) + "\n")
+    (folder / "table.md").write_text("## Ranking by accuracy\n\nNot significantly below the first: `p`, `q`.\n")
+    page = markdown(rows(Files(tree)), [])
+    assert "| [Bench](reproduction/bench/table.md) | 2 of 3 | 2–3 | `p`, `q` |" in page
+    assert "| [Bench]" not in page.split("## Benchmarks")[0]  # not among the paper tables

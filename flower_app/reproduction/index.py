@@ -110,6 +110,7 @@ class Row:
     numbers: tuple[Number, ...]
     claims: tuple[int, int] | None  # claims that hold on every seed, claims checked
     claim_list: tuple[tuple[str, str, str], ...] = ()  # (claim, verdict, seeds held) as its page gives them
+    top: str = ""  # a ranked table's cells not significantly below the first, as its page names them
 
     def count(self, *verdicts: str) -> int:
         return sum(n.verdict in verdicts for n in self.numbers)
@@ -202,11 +203,13 @@ def row(source: Source, name: str) -> Row:
         if r["cell"] in table.cells and int(r["runs"] or 0) > 0:
             runs[r["cell"]] = int(r["runs"])
     seeds = (min(runs.values()), max(runs.values())) if runs else None
-    listed = claims(source.text(f"docs/reproduction/{name}/table.md") or "")
+    page = source.text(f"docs/reproduction/{name}/table.md") or ""
+    listed = claims(page)
+    top = re.search(r"^Not significantly below the first: (.+)\.$", page, re.MULTILINE)
     run = [c for c in listed if c[1] != "not run"]
     found = (sum(c[1] == "holds" for c in run), len(run)) if listed else None
     return Row(table, report is not None, len(runs), seeds, tuple(numbers(table, report or "", manifest, source)),
-               found, tuple(listed))
+               found, tuple(listed), top.group(1) if top else "")
 
 
 def rows(source: Source) -> list[Row]:
@@ -294,7 +297,7 @@ def markdown(every: list[Row], parts: list[PaperPart] = ()) -> str:
         "| seeds owed | flagged | claims hold |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in every:
+    for r in (r for r in every if r.table.rank is None):
         found = [f.verdict == "holds" for f in r.table.findings]
         held = (f"{(r.claims or (0, 0))[0] + sum(found)}/{(r.claims or (0, 0))[1] + len(found)}"
                 if r.claims or found else "–")
@@ -306,6 +309,15 @@ def markdown(every: list[Row], parts: list[PaperPart] = ()) -> str:
     lines += ["", "![every attempted number against the paper's](reproduction/index.png)", "",
               "*The figure*: one point per attempted paper number in percent; x the paper's, y our primary's mean "
               "over seeds with its 95% interval (hollow: fewer than two seeds). Shaded: within 1.5 points.", ""]
+    benchmarks = [r for r in every if r.table.rank is not None]
+    if benchmarks:
+        lines += ["## Benchmarks", "",
+                  "Methods under one budget, no paper numbers: each page ranks the cells with their 95% "
+                  "intervals and says which differences are not significant.", "",
+                  "| benchmark | cells run | seeds per cell | not significantly below the first |", "|---|---|---|---|"]
+        lines += [f"| {_link(r)} | {r.cells_run} of {len(r.table.cells)} | {_seeds(r)} | {r.top or '–'} |"
+                  for r in benchmarks]
+        lines.append("")
     lines += [
         "## How to read this", "",
         "- Each paper number is attached to exactly one **primary** cell, declared before it ran: the "
