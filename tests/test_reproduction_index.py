@@ -226,3 +226,12 @@ def test_a_benchmark_is_listed_apart_with_the_cells_its_page_puts_on_top(tree):
     page = markdown(rows(Files(tree)), [])
     assert "| [Bench](reproduction/bench/table.md) | 2 of 3 | 2–3 | `p`, `q` |" in page
     assert "| [Bench]" not in page.split("## Benchmarks")[0]  # not among the paper tables
+
+
+def test_every_link_of_the_committed_index_names_a_file_of_the_repository():
+    import re
+
+    page = (config.PROJECT_DIR / PAGE).read_text()
+    targets = {t.split("#")[0] for t in re.findall(r"\]\(([^)\s]+)\)", page) if "://" not in t}
+    missing = [t for t in sorted(targets) if t and not ((config.PROJECT_DIR / PAGE).parent / t).exists()]
+    assert targets and not missing, f"{PAGE} links to files that do not exist: {missing}"

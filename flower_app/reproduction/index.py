@@ -313,7 +313,8 @@ def markdown(every: list[Row], parts: list[PaperPart] = ()) -> str:
     if benchmarks:
         lines += ["## Benchmarks", "",
                   "Methods under one budget, no paper numbers: each page ranks the cells with their 95% "
-                  "intervals and says which differences are not significant.", "",
+                  "intervals and says which differences are not significant. The newer methods' own papers, and "
+                  "what the offline data allows of them: [compared methods](reproduction/compared_methods.md).", "",
                   "| benchmark | cells run | seeds per cell | not significantly below the first |", "|---|---|---|---|"]
         lines += [f"| {_link(r)} | {r.cells_run} of {len(r.table.cells)} | {_seeds(r)} | {r.top or '–'} |"
                   for r in benchmarks]
