@@ -6,6 +6,11 @@ A refactoring that must not change any number is checked with it:
     python tests/behaviour_baseline.py record docs/behaviour-baseline   # before
     python tests/behaviour_baseline.py check docs/behaviour-baseline    # after: exit 1 on any difference
 
+Whether an earlier commit's code gives the numbers of now (the seeds of a reproduction's primary
+may span such commits; flower_app/reproduction/code_versions.py):
+
+    python tests/behaviour_baseline.py same-numbers cd512d5 ce9f468     # writes docs/reproduction/same_numbers.json
+
 Timings (elapsed and wall seconds, eNTK speeds) are left out of the comparison; every other
 value of every ``metrics.jsonl`` record and of ``summary.json`` must be equal: numbers within a
 relative 1e-4 (another CPU may sum in another order: small training losses then differ by up to
@@ -18,8 +23,10 @@ import json
 import math
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
+from datetime import date
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,6 +58,20 @@ CASES: dict[str, tuple[str, str]] = {
     "local_update-adam": ("quickstart", f"{TINY} algorithm=local_update local_update.steps=3 server_opt.name=adam "
                                         "server_opt.lr=0.01"),
     "local_update-maml": ("quickstart", f"{TINY} algorithm=local_update local_update.preset=maml local_update.steps=2"),
+    "ditto": ("quickstart", f"{TINY} algorithm=ditto"),
+    "apfl": ("quickstart", f"{TINY} algorithm=apfl"),
+    "l2gd": ("quickstart", f"{TINY} algorithm=l2gd"),
+    "fed_mtl": ("quickstart", f"{TINY} algorithm=fed_mtl"),
+    "perfedavg": ("quickstart", f"{TINY} algorithm=perfedavg"),
+    "local_from_average": ("quickstart", f"{TINY} algorithm=local_from_average"),
+    "fedbabu": ("quickstart", f"{TINY} algorithm=fedbabu"),
+    "fedrod": ("quickstart", f"{TINY} algorithm=fedrod"),
+    "fedbn": ("quickstart", f"{TINY} algorithm=fedbn model.name=digits_mlp_bn train.fraction=1.0"),
+    "pfedme": ("quickstart", f"{TINY} algorithm=pfedme"),
+    "fedala": ("quickstart", f"{TINY} algorithm=fedala"),
+    "fedproto": ("quickstart", f"{TINY} algorithm=fedproto"),
+    "fedamp": ("quickstart", f"{TINY} algorithm=fedamp"),
+    "feddbe": ("quickstart", f"{TINY} algorithm=feddbe"),
     "linear_fedrep": ("linear_fedrep", "wandb.enabled=false compare=[] rounds=3 data.num_clients=10 "
                                        "eval.final_window=2"),
     "lg_fair_adult": ("lg_fair_adult", "wandb.enabled=false compare=[] rounds=3 lg.fedavg_rounds=1 new_test.enabled=true "
@@ -91,6 +112,8 @@ def run_case(experiment: str, overrides: str, out: Path) -> dict:
 
 
 def main(argv: list[str]) -> int:
+    if len(argv) >= 2 and argv[0] == "same-numbers":
+        return same_numbers(argv[1:])
     if len(argv) < 2 or argv[0] not in ("record", "check"):
         print(__doc__)
         return 2
@@ -150,6 +173,105 @@ def _first_difference(a, b, path: str = "") -> str:
             if not same(x, y):
                 return _first_difference(x, y, f"{path}[{i}]")
     return f"{path}: recorded {a!r}, now {b!r}"
+
+
+# Run in a child process whose first path is a commit's tree: that commit's own run_case, on the cases of now.
+AT_COMMIT = """
+import json, sys, tempfile, traceback
+from pathlib import Path
+tree, cases, out = sys.argv[1], json.loads(sys.argv[2]), Path(sys.argv[3])
+sys.path.insert(0, tree)
+import tests.behaviour_baseline as then
+results = {}
+for name, (experiment, overrides) in cases.items():
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            results[name] = {"result": then.run_case(experiment, overrides, Path(tmp) / "run")}
+    except BaseException as error:
+        results[name] = {"error": (traceback.format_exception_only(error)[-1]).strip()[:300]}
+    print(name, "ran" if "result" in results[name] else "did not run", flush=True)
+out.write_text(json.dumps(results))
+"""
+
+
+def outputs_in(tree: Path) -> dict[str, dict]:
+    """Every case of now run in a child process with the code of ``tree``: ``{case: {"result": ...}}``
+    or ``{case: {"error": ...}}``."""
+    with tempfile.TemporaryDirectory(prefix="same-numbers-out-") as tmp:
+        out = Path(tmp) / "outputs.json"
+        subprocess.run([sys.executable, "-c", AT_COMMIT, str(tree), json.dumps(CASES), str(out)], cwd=tree,
+                       env={**os.environ, "PYTHONPATH": str(tree)}, check=False)
+        return json.loads(out.read_text()) if out.is_file() else {}
+
+
+def outputs_at(rev: str) -> dict[str, dict]:
+    """:func:`outputs_in` the tree of commit ``rev`` (a temporary worktree)."""
+    with tempfile.TemporaryDirectory(prefix="same-numbers-") as tmp:
+        tree = Path(tmp) / "tree"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet", str(tree), rev], check=True)
+        try:
+            return outputs_in(tree)
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)
+
+
+def same_numbers(revs: list[str]) -> int:
+    """Compare each commit's numbers on the cases of now with those of the code now, both run here (numbers
+    drift across machines); record it (code_versions)."""
+    from flower_app.reproduction.code_versions import RECORD, baseline_hash, load
+    from flower_app.run.config import load_variants
+
+    def text(rel: str) -> str | None:
+        return (ROOT / rel).read_text() if (ROOT / rel).is_file() else None
+
+    now = baseline_hash(CASES, text)
+    record = load(text)
+    if record.get("baseline") != now:  # the references were re-recorded or cases added: start again
+        record = {"baseline": now, "cases": sorted(CASES), "commits": {}}
+    algorithms = {name: str(load_variants(exp, ov.split())[0].algorithm) for name, (exp, ov) in CASES.items()}
+    reference = outputs_in(ROOT)
+    for rev in revs:
+        short = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=7", rev], capture_output=True,
+                               text=True, check=True).stdout.strip()
+        outputs = outputs_at(short)
+        cases = {}
+        for name in CASES:
+            got = outputs.get(name, {"error": "the commit's run of the cases stopped before it"})
+            expected = reference.get(name, {"error": "the code now did not run it"})
+            if "error" in got or "error" in expected:
+                why = got.get("error") or f"the code now: {expected['error']}"
+                cases[name] = {"algorithm": algorithms[name], "result": "not run", "detail": why}
+                continue
+            where = number_difference(_clean(expected["result"]), _clean(got["result"]))
+            cases[name] = {"algorithm": algorithms[name], "result": "differs" if where else "same", "detail": where}
+        record["commits"][short] = {"checked": date.today().isoformat(), "cases": cases}
+        counts = {r: sum(c["result"] == r for c in cases.values()) for r in ("same", "differs", "not run")}
+        print(f"{short}: " + ", ".join(f"{n} {r}" for r, n in counts.items()), flush=True)
+        target = ROOT / RECORD  # after each commit: a long list stopped half-way keeps what it saw
+        tmp = target.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+        tmp.replace(target)
+    return 0
+
+
+def number_difference(a, b, path: str = "") -> str:
+    """Where two runs' records first differ in a number both report ("" when none does); a key that
+    only one of them reports (a metric added or renamed since) is no difference in numbers."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) & set(b)):
+            where = number_difference(a[key], b[key], f"{path}/{key}")
+            if where:
+                return where
+        return ""
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return f"{path}: {len(a)} vs {len(b)} items"
+        for i, (x, y) in enumerate(zip(a, b)):
+            where = number_difference(x, y, f"{path}[{i}]")
+            if where:
+                return where
+        return ""
+    return "" if same(a, b) else f"{path}: recorded {a!r}, then {b!r}"
 
 
 if __name__ == "__main__":

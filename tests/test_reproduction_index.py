@@ -9,7 +9,9 @@ import subprocess
 import pytest
 
 from flower_app.cli import main as flrep
-from flower_app.reproduction.index import FIGURE, PAGE, Commit, Files, inventory, markdown, rows, run_flags
+from flower_app.reproduction.index import FIGURE, PAGE, Commit, Files, inventory, markdown, rows
+from flower_app.reproduction import code_versions
+from flower_app.reproduction.run_flags import run_flags
 from flower_app.reproduction.tables import load_table, parse_table, table_names
 from flower_app.results.provenance import source_hash
 from flower_app.run import config
@@ -146,7 +148,52 @@ def test_flags_say_what_a_reviewer_should_know_about_a_primarys_runs(tree):
     assert run_flags(table, "b", "cpu", [0, 1, 2], {"runs": runs}, None) == ()
     (tree / "task").mkdir()
     (tree / "task" / "x.py").write_text("new text")
-    assert run_flags(table, "b", "cpu", [0, 1, 2], {"runs": runs}, Files(tree)) == ("code changed since",)
+    assert run_flags(table, "b", "cpu", [0, 1, 2], {"runs": runs}, Files(tree).text) == ("code changed since",)
+
+
+def _same_numbers(tree, commits: dict[str, dict[str, str]]) -> None:
+    """A same_numbers.json against the tree's reference files: {commit: {case: result}}, every case fedavg's."""
+    baseline = tree / "docs" / "behaviour-baseline"
+    baseline.mkdir(parents=True, exist_ok=True)
+    (baseline / "fedavg.json").write_text('{"recorded": 1}')
+    (baseline / "fedrep.json").write_text('{"recorded": 2}')
+    record = {"baseline": code_versions.baseline_hash(["fedavg", "fedrep"], Files(tree).text),
+              "cases": ["fedavg", "fedrep"],
+              "commits": {c: {"checked": "2026-12-06", "cases": {
+                  name: {"algorithm": name, "result": result, "detail": ""} for name, result in cases.items()}}
+                  for c, cases in commits.items()}}
+    (tree / code_versions.RECORD).parent.mkdir(parents=True, exist_ok=True)
+    (tree / code_versions.RECORD).write_text(json.dumps(record))
+
+
+def test_commits_that_give_the_numbers_of_now_are_the_code_now(tree):
+    table = parse_table("a", TABLE_A, "a.yaml")
+    now = table.definition("b", "cpu")
+    old = {"modules": ["task/x.py"], "hash": source_hash(["task/x.py"], lambda p: "old text")}
+    (tree / "task").mkdir()
+    (tree / "task" / "x.py").write_text("new text")
+    runs = {f"b/seed{s}": {"status": "completed", "commit": c, "definition": now, "source": old}
+            for s, c in ((0, "abc1234"), (1, "def5678"), (2, "def5678"))}
+    for s in (0, 1, 2):
+        folder = tree / "docs" / "reproduction" / "a" / "runs" / "b" / f"seed{s}"
+        folder.mkdir(parents=True)
+        (folder / "summary.json").write_text('{"algorithm": "fedavg"}')
+    flags = ("seeds from 2 code versions", "code changed since")
+    ran = {"runs": runs}
+    assert run_flags(table, "b", "cpu", [0, 1, 2], ran, Files(tree).text) == ("code changed since",)
+    _same_numbers(tree, {"abc1234": {"fedavg": "same", "fedrep": "differs"}, "def5678": {"fedavg": "same"}})
+    assert run_flags(table, "b", "cpu", [0, 1, 2], ran, Files(tree).text) == ()  # fedrep's change is not fedavg's
+    _same_numbers(tree, {"abc1234": {"fedavg": "differs"}, "def5678": {"fedavg": "same"}})
+    assert run_flags(table, "b", "cpu", [0, 1, 2], ran, Files(tree).text) == flags[1:]
+    _same_numbers(tree, {"abc1234": {"fedavg": "not run"}, "def5678": {"fedavg": "same"}})
+    assert run_flags(table, "b", "cpu", [0, 1, 2], ran, Files(tree).text) == flags[1:]
+    runs["b/seed0"]["source"] = {"modules": ["task/x.py"], "hash": source_hash(["task/x.py"], lambda p: "other")}
+    _same_numbers(tree, {"abc1234": {"fedavg": "differs"}, "def5678": {"fedavg": "same"}})
+    assert run_flags(table, "b", "cpu", [0, 1, 2], ran, Files(tree).text) == flags
+    _same_numbers(tree, {"abc1234": {"fedavg": "same"}, "def5678": {"fedavg": "same"}})
+    assert run_flags(table, "b", "cpu", [0, 1, 2], ran, Files(tree).text) == ()
+    (tree / "docs" / "behaviour-baseline" / "fedavg.json").write_text('{"recorded": 3}')  # re-recorded since
+    assert run_flags(table, "b", "cpu", [0, 1, 2], ran, Files(tree).text) == flags
 
 
 @pytest.mark.parametrize("edit, error", [
@@ -235,3 +282,22 @@ def test_every_link_of_the_committed_index_names_a_file_of_the_repository():
     targets = {t.split("#")[0] for t in re.findall(r"\]\(([^)\s]+)\)", page) if "://" not in t}
     missing = [t for t in sorted(targets) if t and not ((config.PROJECT_DIR / PAGE).parent / t).exists()]
     assert targets and not missing, f"{PAGE} links to files that do not exist: {missing}"
+
+
+def test_a_difference_in_numbers_is_found_and_a_metric_only_one_side_reports_is_not():
+    from tests.behaviour_baseline import number_difference
+    assert number_difference({"a": 1.0, "added_since": 2}, {"a": 1.0 + 1e-7}) == ""
+    assert number_difference({"r": [{"a": 1.0}]}, {"r": [{"a": 1.1}]}) == "/r[0]/a: recorded 1.0, then 1.1"
+    assert number_difference({"r": [1, 2]}, {"r": [1]}) == "/r: 2 vs 1 items"
+    assert number_difference({"status": "completed"}, {"status": "failed"}) != ""
+
+
+def test_a_commit_runs_the_cases_of_now_with_its_own_code(monkeypatch):
+    import tests.behaviour_baseline as baseline
+    monkeypatch.setattr(baseline, "CASES", {"fedavg": baseline.CASES["fedavg"],
+                                             "unknown": ("quickstart", "algorithm=no_such_algorithm")})
+    then = baseline.outputs_at("HEAD")
+    now = baseline.outputs_in(baseline.ROOT)
+    assert "no_such_algorithm" in then["unknown"]["error"] and "error" in now["unknown"]
+    assert baseline.number_difference(now["fedavg"]["result"], then["fedavg"]["result"]) == ""
+    assert then["fedavg"]["result"]["."]["summary"]["algorithm"] == "fedavg"

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from flower_app.reproduction.run_flags import run_flags
 from flower_app.reproduction.report import (AGREES, DIAGNOSED, DIFFERS, INCONCLUSIVE, NOT_ATTEMPTED, VERDICTS,
                                             failed_seeds, judge, seeds_owed)
 from flower_app.reproduction.seed_stats import ci95_half_width
-from flower_app.results.provenance import source_hash
 from flower_app.reproduction.index_figure import plot
 from flower_app.reproduction.tables import Table, parse_table
 
@@ -142,7 +142,7 @@ def numbers(table: Table, table_csv: str, manifest: dict | None = None,
         seeds = [int(x) for x in (r["seeds"].split() if r else [])]
         owed = seeds_owed(table, n, ci95, percent, spec.value) if verdict != NOT_ATTEMPTED else 0
         tuned = (f"{table.cells[cell].tune.key}={json.dumps(record['choice'])}",) if record else ()
-        flags = run_flags(table, cell, scale, seeds, manifest, source, tuned) if seeds else ()
+        flags = run_flags(table, cell, scale, seeds, manifest, source.text if source else None, tuned) if seeds else ()
         out.append(Number(ref, spec.what, spec.value, verdict, why, cell, column, percent, mean, n, ci95, owed,
                           flags))
     return out
@@ -154,36 +154,6 @@ def tuning(source: Source | None, table: Table, cell: str) -> dict | None:
         return None
     text = source.text(f"docs/reproduction/{table.name}/tuning/{cell}.json")
     return json.loads(text) if text else None
-
-
-def run_flags(table: Table, cell: str, scale: str, seeds: list[int], manifest: dict,
-              source: Source | None, tuned: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """What a reviewer should know about a primary's counted runs: a seed from a changed tree, seeds
-    from more than one code version, a cell definition other than the one now, code that changed
-    since (for runs that recorded their modules), records missing."""
-    records = [manifest.get("runs", {}).get(f"{cell}/seed{s}") for s in seeds]
-    if not all(records):
-        return ("no run record",)
-    flags = []
-    dirty = [s for s, rec in zip(seeds, records) if str(rec.get("commit")).endswith("+changes")
-             or rec.get("clean") is False]
-    if dirty:
-        flags.append("changed tree: seed " + ", ".join(map(str, dirty)))
-    versions = {(rec.get("source") or {}).get("hash") or rec.get("commit") for rec in records}
-    if len(versions) > 1:
-        flags.append(f"seeds from {len(versions)} code versions")
-    now = table.definition(cell, scale, tuned)
-    defined = [rec.get("definition") for rec in records]
-    if any(d is None for d in defined):
-        flags.append("definition not recorded")
-    if any(d is not None and d != now for d in defined):
-        flags.append("definition changed after its first run")
-    if source is not None:
-        changed = [rec for rec in records if rec.get("source")
-                   and source_hash(rec["source"]["modules"], source.text) != rec["source"]["hash"]]
-        if changed:
-            flags.append("code changed since")
-    return tuple(flags)
 
 
 def claims(table_md: str) -> list[tuple[str, str, str]]:
