@@ -208,6 +208,8 @@ def outputs_at(rev: str) -> dict[str, dict]:
     """:func:`outputs_in` the tree of commit ``rev`` (a temporary worktree)."""
     with tempfile.TemporaryDirectory(prefix="same-numbers-") as tmp:
         tree = Path(tmp) / "tree"
+        if SHARED_DATASETS.parent.is_dir():  # where a commit's experiments look for the offline data: ../shared
+            (Path(tmp) / "shared").symlink_to(SHARED_DATASETS.parent)
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet", str(tree), rev], check=True)
         try:
             return outputs_in(tree)
@@ -229,6 +231,7 @@ def same_numbers(revs: list[str]) -> int:
     if record.get("baseline") != now:  # the references were re-recorded or cases added: start again
         record = {"baseline": now, "cases": sorted(CASES), "commits": {}}
     algorithms = {name: str(load_variants(exp, ov.split())[0].algorithm) for name, (exp, ov) in CASES.items()}
+    covers = {name: {"algorithm": algorithms[name], "experiment": exp} for name, (exp, _) in CASES.items()}
     reference = outputs_in(ROOT)
     for rev in revs:
         short = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=7", rev], capture_output=True,
@@ -240,10 +243,10 @@ def same_numbers(revs: list[str]) -> int:
             expected = reference.get(name, {"error": "the code now did not run it"})
             if "error" in got or "error" in expected:
                 why = got.get("error") or f"the code now: {expected['error']}"
-                cases[name] = {"algorithm": algorithms[name], "result": "not run", "detail": why}
+                cases[name] = {**covers[name], "result": "not run", "detail": why}
                 continue
             where = number_difference(_clean(expected["result"]), _clean(got["result"]))
-            cases[name] = {"algorithm": algorithms[name], "result": "differs" if where else "same", "detail": where}
+            cases[name] = {**covers[name], "result": "differs" if where else "same", "detail": where}
         record["commits"][short] = {"checked": date.today().isoformat(), "cases": cases}
         counts = {r: sum(c["result"] == r for c in cases.values()) for r in ("same", "differs", "not run")}
         print(f"{short}: " + ", ".join(f"{n} {r}" for r, n in counts.items()), flush=True)

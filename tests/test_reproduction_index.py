@@ -152,16 +152,17 @@ def test_flags_say_what_a_reviewer_should_know_about_a_primarys_runs(tree):
 
 
 def _same_numbers(tree, commits: dict[str, dict[str, str]]) -> None:
-    """A same_numbers.json against the tree's reference files: {commit: {case: result}}, every case fedavg's."""
+    """A same_numbers.json against the tree's reference files: {commit: {case: result}}; case "fedavg" is of
+    algorithm fedavg in experiment quickstart, "fedrep" of fedrep there, "fair" of lg_fedavg in experiment fair."""
     baseline = tree / "docs" / "behaviour-baseline"
     baseline.mkdir(parents=True, exist_ok=True)
-    (baseline / "fedavg.json").write_text('{"recorded": 1}')
-    (baseline / "fedrep.json").write_text('{"recorded": 2}')
-    record = {"baseline": code_versions.baseline_hash(["fedavg", "fedrep"], Files(tree).text),
-              "cases": ["fedavg", "fedrep"],
+    covers = {"fedavg": ("fedavg", "quickstart"), "fedrep": ("fedrep", "quickstart"), "fair": ("lg_fedavg", "fair")}
+    for name in covers:
+        (baseline / f"{name}.json").write_text(f'{{"recorded": "{name}"}}')
+    record = {"baseline": code_versions.baseline_hash(covers, Files(tree).text), "cases": sorted(covers),
               "commits": {c: {"checked": "2026-12-06", "cases": {
-                  name: {"algorithm": name, "result": result, "detail": ""} for name, result in cases.items()}}
-                  for c, cases in commits.items()}}
+                  name: {"algorithm": covers[name][0], "experiment": covers[name][1], "result": result, "detail": ""}
+                  for name, result in cases.items()}} for c, cases in commits.items()}}
     (tree / code_versions.RECORD).parent.mkdir(parents=True, exist_ok=True)
     (tree / code_versions.RECORD).write_text(json.dumps(record))
 
@@ -174,23 +175,30 @@ def test_commits_that_give_the_numbers_of_now_are_the_code_now(tree):
     (tree / "task" / "x.py").write_text("new text")
     runs = {f"b/seed{s}": {"status": "completed", "commit": c, "definition": now, "source": old}
             for s, c in ((0, "abc1234"), (1, "def5678"), (2, "def5678"))}
+    summaries = []
     for s in (0, 1, 2):
         folder = tree / "docs" / "reproduction" / "a" / "runs" / "b" / f"seed{s}"
         folder.mkdir(parents=True)
-        (folder / "summary.json").write_text('{"algorithm": "fedavg"}')
+        summaries.append(folder / "summary.json")
+        summaries[-1].write_text('{"algorithm": "fedavg", "experiment": "fair"}')
     flags = ("seeds from 2 code versions", "code changed since")
     ran = {"runs": runs}
     assert run_flags(table, "b", "cpu", [0, 1, 2], ran, Files(tree).text) == ("code changed since",)
-    _same_numbers(tree, {"abc1234": {"fedavg": "same", "fedrep": "differs"}, "def5678": {"fedavg": "same"}})
+    every = {"fedavg": "same", "fair": "same"}
+    _same_numbers(tree, {"abc1234": {**every, "fedrep": "differs"}, "def5678": every})
     assert run_flags(table, "b", "cpu", [0, 1, 2], ran, Files(tree).text) == ()  # fedrep's change is not fedavg's
-    _same_numbers(tree, {"abc1234": {"fedavg": "differs"}, "def5678": {"fedavg": "same"}})
+    _same_numbers(tree, {"abc1234": {**every, "fair": "not run"}, "def5678": every})
+    assert run_flags(table, "b", "cpu", [0, 1, 2], ran, Files(tree).text) == flags[1:]  # its protocol unchecked
+    _same_numbers(tree, {"abc1234": {**every, "fair": "differs"}, "def5678": every})
     assert run_flags(table, "b", "cpu", [0, 1, 2], ran, Files(tree).text) == flags[1:]
-    _same_numbers(tree, {"abc1234": {"fedavg": "not run"}, "def5678": {"fedavg": "same"}})
+    _same_numbers(tree, {"abc1234": {"fedavg": "differs", "fair": "same"}, "def5678": every})
     assert run_flags(table, "b", "cpu", [0, 1, 2], ran, Files(tree).text) == flags[1:]
+    _same_numbers(tree, {"abc1234": {"fedavg": "not run", "fair": "same"}, "def5678": every})
+    assert run_flags(table, "b", "cpu", [0, 1, 2], ran, Files(tree).text) == flags[1:]  # no fedavg case ran
     runs["b/seed0"]["source"] = {"modules": ["task/x.py"], "hash": source_hash(["task/x.py"], lambda p: "other")}
-    _same_numbers(tree, {"abc1234": {"fedavg": "differs"}, "def5678": {"fedavg": "same"}})
+    _same_numbers(tree, {"abc1234": {**every, "fedavg": "differs"}, "def5678": every})
     assert run_flags(table, "b", "cpu", [0, 1, 2], ran, Files(tree).text) == flags
-    _same_numbers(tree, {"abc1234": {"fedavg": "same"}, "def5678": {"fedavg": "same"}})
+    _same_numbers(tree, {"abc1234": every, "def5678": every})
     assert run_flags(table, "b", "cpu", [0, 1, 2], ran, Files(tree).text) == ()
     (tree / "docs" / "behaviour-baseline" / "fedavg.json").write_text('{"recorded": 3}')  # re-recorded since
     assert run_flags(table, "b", "cpu", [0, 1, 2], ran, Files(tree).text) == flags

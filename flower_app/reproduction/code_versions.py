@@ -8,13 +8,15 @@ on one machine (numbers drift across machines), and writes what it saw to
 
     {"baseline": <hash of the cases' reference files>, "cases": [the cases' names],
      "commits": {"<rev>": {"checked": <date>,
-                           "cases": {case: {"algorithm": ..., "result": "same" | "differs" | "not run",
+                           "cases": {case: {"algorithm": ..., "experiment": ...,
+                                            "result": "same" | "differs" | "not run",
                                             "detail": where it differs, or why it did not run}}}}}
 
-A commit *gives the numbers of now* for an algorithm when every case of that algorithm it could
-run is the same as recorded, at least one could, and the record was made against the reference
-files as they are now (a re-recorded baseline voids it). The index then counts its runs as the
-code now; otherwise they stay flagged.
+A commit *gives the numbers of now* for a run (its algorithm and experiment) when at least one
+case of that algorithm ran with the commit's code, every case of that algorithm or experiment that
+ran gave the same numbers, no case of that experiment failed to run (its protocol must be shown,
+not assumed), and the record was made against the reference files as they are now (a re-recorded
+baseline voids it). The index then counts its runs as the code now; otherwise they stay flagged.
 """
 
 from __future__ import annotations
@@ -41,13 +43,16 @@ def load(text: Callable[[str], str | None]) -> dict:
     return json.loads(raw) if raw else {"baseline": "", "cases": [], "commits": {}}
 
 
-def gives_numbers_of_now(record: dict, commit: str, algorithm: str, text: Callable[[str], str | None]) -> bool:
-    """Whether ``commit``'s code gave the numbers of the code now on every case of ``algorithm`` it ran, by a
-    ``record`` made against the reference files as they are now (``text``: a file's text by path)."""
+def gives_numbers_of_now(record: dict, commit: str, algorithm: str, experiment: str,
+                         text: Callable[[str], str | None]) -> bool:
+    """Whether ``commit``'s code gave the numbers of the code now for a run of ``algorithm`` in ``experiment``,
+    by a ``record`` made against the reference files as they are now (``text``: a file's text by path)."""
     if not commit or commit.endswith("+changes") or not record.get("cases"):
         return False
     if record.get("baseline") != baseline_hash(record["cases"], text):
         return False
-    cases = record.get("commits", {}).get(commit, {}).get("cases", {})
-    ran = [c["result"] for c in cases.values() if c["algorithm"] == algorithm and c["result"] != "not run"]
-    return bool(ran) and all(result == "same" for result in ran)
+    cases = record.get("commits", {}).get(commit, {}).get("cases", {}).values()
+    mine = [c for c in cases if c["algorithm"] == algorithm or c.get("experiment") == experiment]
+    ran = [c for c in mine if c["result"] != "not run"]
+    return (any(c["algorithm"] == algorithm for c in ran) and all(c["result"] == "same" for c in ran)
+            and not any(c.get("experiment") == experiment and c["result"] == "not run" for c in mine))

@@ -302,7 +302,9 @@ def markdown(every: list[Row], parts: list[PaperPart] = ()) -> str:
         "with its reason. The paper's number inside our interval is not agreement.",
         "- **seeds owed**: what the seed rule (seeds 0-2 for every primary; 3 and 4 too when its interval "
         "is wider than ± 1.5) still asks. **flagged**: primaries whose runs come from a changed tree, "
-        "from several code versions, from another definition of the cell, or whose code changed since.",
+        "from several code versions, from another definition of the cell, or whose code changed since; "
+        "a commit that the behaviour baseline shows giving the numbers of the code now for the run's "
+        "algorithm counts as the code now ([same_numbers.json](reproduction/same_numbers.json)).",
         "- **claims hold**: pass/fail statements of the figure tables, true on every seed run; each claim "
         "and its verdict is listed below.", "",
     ]

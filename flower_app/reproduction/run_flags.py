@@ -42,11 +42,12 @@ def run_flags(table: Table, cell: str, scale: str, seeds: list[int], manifest: d
 
 def _code_of_now(table: Table, cell: str, seed: int, rec: dict, text: Callable[[str], str | None] | None) -> bool:
     """Whether a run's code is the code now: the same source, or a commit that the behaviour baseline
-    shows giving the numbers of now for the run's algorithm."""
+    shows giving the numbers of now for the run's algorithm and experiment."""
     if text is None:
         return False
     if rec.get("source") and source_hash(rec["source"]["modules"], text) == rec["source"]["hash"]:
         return True
     summary = json.loads(text(f"docs/reproduction/{table.name}/runs/{cell}/seed{seed}/summary.json") or "{}")
     return code_versions.gives_numbers_of_now(code_versions.load(text), str(rec.get("commit") or ""),
-                                              str(summary.get("algorithm") or ""), text)
+                                              str(summary.get("algorithm") or ""), str(summary.get("experiment") or ""),
+                                              text)
