@@ -294,7 +294,8 @@ def test_every_link_of_the_committed_index_names_a_file_of_the_repository():
 
 def test_a_difference_in_numbers_is_found_and_a_metric_only_one_side_reports_is_not():
     from tests.behaviour_baseline import number_difference
-    assert number_difference({"a": 1.0, "added_since": 2}, {"a": 1.0 + 1e-7}) == ""
+    assert number_difference({"a": 1.0, "added_since": 2}, {"a": 1.0, "renamed": 3}) == ""
+    assert number_difference({"a": 0.49639856614338934}, {"a": 0.49639855214970885}) != ""  # 85fe1a3's change
     assert number_difference({"r": [{"a": 1.0}]}, {"r": [{"a": 1.1}]}) == "/r[0]/a: recorded 1.0, then 1.1"
     assert number_difference({"r": [1, 2]}, {"r": [1]}) == "/r: 2 vs 1 items"
     assert number_difference({"status": "completed"}, {"status": "failed"}) != ""
