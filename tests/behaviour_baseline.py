@@ -194,6 +194,14 @@ out.write_text(json.dumps(results))
 """
 
 
+def app_modules(root: Path) -> list[str]:
+    """The app's own modules under ``root`` that a run can execute (the packages whose source a run records;
+    not the reproduction tables' code, which runs them from another process), relative paths."""
+    from flower_app.results.provenance import PACKAGES
+    found = (p.relative_to(root).as_posix() for package in PACKAGES for p in (root / package).rglob("*.py"))
+    return sorted(p for p in found if not p.startswith("flower_app/reproduction/"))
+
+
 def outputs_in(tree: Path) -> dict[str, dict]:
     """Every case of now run in a child process with the code of ``tree``: ``{case: {"result": ...}}``
     or ``{case: {"error": ...}}``."""
@@ -220,16 +228,17 @@ def outputs_at(rev: str) -> dict[str, dict]:
 def same_numbers(revs: list[str]) -> int:
     """Compare each commit's numbers on the cases of now with those of the code now, both run here (numbers
     drift across machines); record it (code_versions)."""
-    from flower_app.reproduction.code_versions import RECORD, baseline_hash, load
+    from flower_app.reproduction.code_versions import RECORD, baseline_hash, code_hashes, load
     from flower_app.run.config import load_variants
 
     def text(rel: str) -> str | None:
         return (ROOT / rel).read_text() if (ROOT / rel).is_file() else None
 
     now = baseline_hash(CASES, text)
+    code = code_hashes(app_modules(ROOT), text)
     record = load(text)
-    if record.get("baseline") != now:  # the references were re-recorded or cases added: start again
-        record = {"baseline": now, "cases": sorted(CASES), "commits": {}}
+    if record.get("baseline") != now or record.get("code") != code:  # references, cases or code changed: start again
+        record = {"baseline": now, "cases": sorted(CASES), "code": code, "commits": {}}
     algorithms = {name: str(load_variants(exp, ov.split())[0].algorithm) for name, (exp, ov) in CASES.items()}
     covers = {name: {"algorithm": algorithms[name], "experiment": exp} for name, (exp, _) in CASES.items()}
     reference = outputs_in(ROOT)

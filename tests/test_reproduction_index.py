@@ -160,6 +160,7 @@ def _same_numbers(tree, commits: dict[str, dict[str, str]]) -> None:
     for name in covers:
         (baseline / f"{name}.json").write_text(f'{{"recorded": "{name}"}}')
     record = {"baseline": code_versions.baseline_hash(covers, Files(tree).text), "cases": sorted(covers),
+              "code": code_versions.code_hashes(["task/x.py"], Files(tree).text),
               "commits": {c: {"checked": "2026-12-06", "cases": {
                   name: {"algorithm": covers[name][0], "experiment": covers[name][1], "result": result, "detail": ""}
                   for name, result in cases.items()}} for c, cases in commits.items()}}
@@ -200,8 +201,17 @@ def test_commits_that_give_the_numbers_of_now_are_the_code_now(tree):
     assert run_flags(table, "b", "cpu", [0, 1, 2], ran, Files(tree).text) == flags
     _same_numbers(tree, {"abc1234": every, "def5678": every})
     assert run_flags(table, "b", "cpu", [0, 1, 2], ran, Files(tree).text) == ()
-    (tree / "docs" / "behaviour-baseline" / "fedavg.json").write_text('{"recorded": 3}')  # re-recorded since
+    (tree / "task" / "x.py").write_text("newer text")  # a module the runs executed changed since the check
     assert run_flags(table, "b", "cpu", [0, 1, 2], ran, Files(tree).text) == flags
+    _same_numbers(tree, {"abc1234": every, "def5678": every})
+    for s in (0, 1, 2):
+        del runs[f"b/seed{s}"]["source"]  # runs that recorded no modules: every module of the record must be as checked
+    assert run_flags(table, "b", "cpu", [0, 1, 2], ran, Files(tree).text) == ()
+    (tree / "task" / "x.py").write_text("newest text")
+    assert run_flags(table, "b", "cpu", [0, 1, 2], ran, Files(tree).text) == ("seeds from 2 code versions",)
+    _same_numbers(tree, {"abc1234": every, "def5678": every})
+    (tree / "docs" / "behaviour-baseline" / "fedavg.json").write_text('{"recorded": 3}')  # re-recorded since
+    assert run_flags(table, "b", "cpu", [0, 1, 2], ran, Files(tree).text) == ("seeds from 2 code versions",)
 
 
 @pytest.mark.parametrize("edit, error", [

@@ -7,6 +7,7 @@ on one machine (numbers drift across machines), and writes what it saw to
 ``docs/reproduction/same_numbers.json``:
 
     {"baseline": <hash of the cases' reference files>, "cases": [the cases' names],
+     "code": {path: <hash of its text>} of every module of the code now that the cases ran against,
      "commits": {"<rev>": {"checked": <date>,
                            "cases": {case: {"algorithm": ..., "experiment": ...,
                                             "result": "same" | "differs" | "not run",
@@ -15,8 +16,8 @@ on one machine (numbers drift across machines), and writes what it saw to
 A commit *gives the numbers of now* for a run (its algorithm and experiment) when at least one
 case of that algorithm ran with the commit's code, every case of that algorithm or experiment that
 ran gave the same numbers, no case of that experiment failed to run (its protocol must be shown,
-not assumed), and the record was made against the reference files as they are now (a re-recorded
-baseline voids it). The index then counts its runs as the code now; otherwise they stay flagged.
+not assumed), and the record was made against the reference files and the code as they are now
+(a re-recorded baseline, or a change to a module the run executed, voids it). The index then counts its runs as the code now; otherwise they stay flagged.
 """
 
 from __future__ import annotations
@@ -37,19 +38,29 @@ def baseline_hash(names: Iterable[str], text: Callable[[str], str | None]) -> st
     return digest.hexdigest()[:16]
 
 
+def code_hashes(paths: Iterable[str], text: Callable[[str], str | None]) -> dict[str, str]:
+    """``{path: sha256 of its text (16 hex digits)}``; a missing file hashes as "missing"."""
+    return {p: hashlib.sha256((text(p) or "\0missing").encode()).hexdigest()[:16] for p in sorted(paths)}
+
+
 def load(text: Callable[[str], str | None]) -> dict:
     """The committed record (empty when there is none)."""
     raw = text(RECORD)
-    return json.loads(raw) if raw else {"baseline": "", "cases": [], "commits": {}}
+    return json.loads(raw) if raw else {"baseline": "", "cases": [], "code": {}, "commits": {}}
 
 
-def gives_numbers_of_now(record: dict, commit: str, algorithm: str, experiment: str,
+def gives_numbers_of_now(record: dict, commit: str, algorithm: str, experiment: str, modules: list[str] | None,
                          text: Callable[[str], str | None]) -> bool:
-    """Whether ``commit``'s code gave the numbers of the code now for a run of ``algorithm`` in ``experiment``,
-    by a ``record`` made against the reference files as they are now (``text``: a file's text by path)."""
-    if not commit or commit.endswith("+changes") or not record.get("cases"):
+    """Whether ``commit``'s code gave the numbers of the code now for a run of ``algorithm`` in ``experiment``
+    that executed ``modules`` (None: not recorded, so every module the record knows), by a ``record`` made
+    against the reference files and those modules as they are now (``text``: a file's text by path)."""
+    if not commit or commit.endswith("+changes") or not record.get("cases") or not record.get("code"):
         return False
     if record.get("baseline") != baseline_hash(record["cases"], text):
+        return False
+    checked = record["code"]
+    paths = list(checked) if modules is None else modules
+    if any(path not in checked for path in paths) or code_hashes(paths, text) != {p: checked[p] for p in paths}:
         return False
     cases = record.get("commits", {}).get(commit, {}).get("cases", {}).values()
     mine = [c for c in cases if c["algorithm"] == algorithm or c.get("experiment") == experiment]

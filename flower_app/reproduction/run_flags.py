@@ -48,6 +48,7 @@ def _code_of_now(table: Table, cell: str, seed: int, rec: dict, text: Callable[[
     if rec.get("source") and source_hash(rec["source"]["modules"], text) == rec["source"]["hash"]:
         return True
     summary = json.loads(text(f"docs/reproduction/{table.name}/runs/{cell}/seed{seed}/summary.json") or "{}")
+    modules = (rec.get("source") or {}).get("modules")
     return code_versions.gives_numbers_of_now(code_versions.load(text), str(rec.get("commit") or ""),
                                               str(summary.get("algorithm") or ""), str(summary.get("experiment") or ""),
-                                              text)
+                                              modules, text)
