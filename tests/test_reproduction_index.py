@@ -159,9 +159,9 @@ def _same_numbers(tree, commits: dict[str, dict[str, str]]) -> None:
     covers = {"fedavg": ("fedavg", "quickstart"), "fedrep": ("fedrep", "quickstart"), "fair": ("lg_fedavg", "fair")}
     for name in covers:
         (baseline / f"{name}.json").write_text(f'{{"recorded": "{name}"}}')
-    record = {"baseline": code_versions.baseline_hash(covers, Files(tree).text), "cases": sorted(covers),
-              "code": code_versions.code_hashes(["task/x.py"], Files(tree).text),
-              "commits": {c: {"checked": "2026-12-06", "cases": {
+    record = {"code": code_versions.code_hashes(["task/x.py"], Files(tree).text),
+              "commits": {c: {"checked": "2026-12-06", "baseline": code_versions.baseline_hash(cases, Files(tree).text),
+                              "cases": {
                   name: {"algorithm": covers[name][0], "experiment": covers[name][1], "result": result, "detail": ""}
                   for name, result in cases.items()}} for c, cases in commits.items()}}
     (tree / code_versions.RECORD).parent.mkdir(parents=True, exist_ok=True)

@@ -6,9 +6,8 @@ baseline's cases (``docs/behaviour-baseline``) with the code now and with the co
 on one machine (numbers drift across machines), and writes what it saw to
 ``docs/reproduction/same_numbers.json``:
 
-    {"baseline": <hash of the cases' reference files>, "cases": [the cases' names],
-     "code": {path: <hash of its text>} of every module of the code now that the cases ran against,
-     "commits": {"<rev>": {"checked": <date>,
+    {"code": {path: <hash of its text>} of every module of the code now that the cases ran against,
+     "commits": {"<rev>": {"checked": <date>, "baseline": <hash of the reference files of its cases>,
                            "cases": {case: {"algorithm": ..., "experiment": ...,
                                             "result": "same" | "differs" | "not run",
                                             "detail": where it differs, or why it did not run}}}}}
@@ -16,8 +15,9 @@ on one machine (numbers drift across machines), and writes what it saw to
 A commit *gives the numbers of now* for a run (its algorithm and experiment) when at least one
 case of that algorithm ran with the commit's code, every case of that algorithm or experiment that
 ran gave the same numbers, no case of that experiment failed to run (its protocol must be shown,
-not assumed), and the record was made against the reference files and the code as they are now
-(a re-recorded baseline, or a change to a module the run executed, voids it). The index then counts its runs as the code now; otherwise they stay flagged.
+not assumed), and the check was made against the reference files and the code as they are now
+(a re-recorded case, or a change to a module the run executed, voids it). A commit checked before
+a case existed was not checked on that case. The index then counts its runs as the code now; otherwise they stay flagged.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def code_hashes(paths: Iterable[str], text: Callable[[str], str | None]) -> dict
 def load(text: Callable[[str], str | None]) -> dict:
     """The committed record (empty when there is none)."""
     raw = text(RECORD)
-    return json.loads(raw) if raw else {"baseline": "", "cases": [], "code": {}, "commits": {}}
+    return json.loads(raw) if raw else {"code": {}, "commits": {}}
 
 
 def gives_numbers_of_now(record: dict, commit: str, algorithm: str, experiment: str, modules: list[str] | None,
@@ -54,15 +54,16 @@ def gives_numbers_of_now(record: dict, commit: str, algorithm: str, experiment: 
     """Whether ``commit``'s code gave the numbers of the code now for a run of ``algorithm`` in ``experiment``
     that executed ``modules`` (None: not recorded, so every module the record knows), by a ``record`` made
     against the reference files and those modules as they are now (``text``: a file's text by path)."""
-    if not commit or commit.endswith("+changes") or not record.get("cases") or not record.get("code"):
+    entry = record.get("commits", {}).get(commit)
+    if not commit or commit.endswith("+changes") or not entry or not record.get("code"):
         return False
-    if record.get("baseline") != baseline_hash(record["cases"], text):
+    if entry.get("baseline") != baseline_hash(entry["cases"], text):
         return False
     checked = record["code"]
     paths = list(checked) if modules is None else modules
     if any(path not in checked for path in paths) or code_hashes(paths, text) != {p: checked[p] for p in paths}:
         return False
-    cases = record.get("commits", {}).get(commit, {}).get("cases", {}).values()
+    cases = entry["cases"].values()
     mine = [c for c in cases if c["algorithm"] == algorithm or c.get("experiment") == experiment]
     ran = [c for c in mine if c["result"] != "not run"]
     return (any(c["algorithm"] == algorithm for c in ran) and all(c["result"] == "same" for c in ran)
