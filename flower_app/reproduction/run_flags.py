@@ -25,7 +25,8 @@ def run_flags(table: Table, cell: str, scale: str, seeds: list[int], manifest: d
              or rec.get("clean") is False]
     if dirty:
         flags.append("changed tree: seed " + ", ".join(map(str, dirty)))
-    now = [_code_of_now(table, cell, s, rec, text) for s, rec in zip(seeds, records)]
+    record = code_versions.load(text) if text is not None else {}
+    now = [_code_of_now(table, cell, s, rec, record, text) for s, rec in zip(seeds, records)]
     versions = {(rec.get("source") or {}).get("hash") or rec.get("commit") for rec in records}
     if len(versions) > 1 and not all(now):
         flags.append(f"seeds from {len(versions)} code versions")
@@ -40,15 +41,16 @@ def run_flags(table: Table, cell: str, scale: str, seeds: list[int], manifest: d
     return tuple(flags)
 
 
-def _code_of_now(table: Table, cell: str, seed: int, rec: dict, text: Callable[[str], str | None] | None) -> bool:
+def _code_of_now(table: Table, cell: str, seed: int, rec: dict, record: dict,
+                 text: Callable[[str], str | None] | None) -> bool:
     """Whether a run's code is the code now: the same source, or a commit that the behaviour baseline
-    shows giving the numbers of now for the run's algorithm and experiment."""
+    shows giving the numbers of now for the run's algorithm and experiment (``record``: same_numbers.json)."""
     if text is None:
         return False
     if rec.get("source") and source_hash(rec["source"]["modules"], text) == rec["source"]["hash"]:
         return True
     summary = json.loads(text(f"docs/reproduction/{table.name}/runs/{cell}/seed{seed}/summary.json") or "{}")
     modules = (rec.get("source") or {}).get("modules")
-    return code_versions.gives_numbers_of_now(code_versions.load(text), str(rec.get("commit") or ""),
+    return code_versions.gives_numbers_of_now(record, str(rec.get("commit") or ""),
                                               str(summary.get("algorithm") or ""), str(summary.get("experiment") or ""),
                                               modules, text)
