@@ -160,9 +160,9 @@ def _same_numbers(tree, commits: dict[str, dict[str, str]]) -> None:
     for name in covers:
         (baseline / f"{name}.json").write_text(f'{{"recorded": "{name}"}}')
     record = {"code": code_versions.code_hashes(["task/x.py"], Files(tree).text),
-              "commits": {c: {"checked": "2026-12-06", "baseline": code_versions.baseline_hash(cases, Files(tree).text),
-                              "cases": {
-                  name: {"algorithm": covers[name][0], "experiment": covers[name][1], "result": result, "detail": ""}
+              "commits": {c: {"checked": "2026-12-06", "cases": {
+                  name: {"algorithm": covers[name][0], "experiment": covers[name][1], "result": result, "detail": "",
+                         "reference": code_versions.reference_hash(name, Files(tree).text)}
                   for name, result in cases.items()}} for c, cases in commits.items()}}
     (tree / code_versions.RECORD).parent.mkdir(parents=True, exist_ok=True)
     (tree / code_versions.RECORD).write_text(json.dumps(record))
@@ -209,8 +209,13 @@ def test_commits_that_give_the_numbers_of_now_are_the_code_now(tree):
     assert run_flags(table, "b", "cpu", [0, 1, 2], ran, Files(tree).text) == ()
     (tree / "task" / "x.py").write_text("newest text")
     assert run_flags(table, "b", "cpu", [0, 1, 2], ran, Files(tree).text) == ("seeds from 2 code versions",)
+    _same_numbers(tree, {"abc1234": {**every, "fedrep": "same"}, "def5678": every})
+    (tree / "docs" / "behaviour-baseline" / "fedrep.json").write_text('{"recorded": 3}')  # another case re-recorded
+    assert run_flags(table, "b", "cpu", [0, 1, 2], ran, Files(tree).text) == ()
+    (tree / "docs" / "behaviour-baseline" / "fedavg.json").write_text('{"recorded": 3}')  # its algorithm's case
+    assert run_flags(table, "b", "cpu", [0, 1, 2], ran, Files(tree).text) == ("seeds from 2 code versions",)
     _same_numbers(tree, {"abc1234": every, "def5678": every})
-    (tree / "docs" / "behaviour-baseline" / "fedavg.json").write_text('{"recorded": 3}')  # re-recorded since
+    (tree / "docs" / "behaviour-baseline" / "fair.json").write_text('{"recorded": 3}')  # its experiment's case
     assert run_flags(table, "b", "cpu", [0, 1, 2], ran, Files(tree).text) == ("seeds from 2 code versions",)
 
 
@@ -309,6 +314,34 @@ def test_a_difference_in_numbers_is_found_and_a_metric_only_one_side_reports_is_
     assert number_difference({"r": [{"a": 1.0}]}, {"r": [{"a": 1.1}]}) == "/r[0]/a: recorded 1.0, then 1.1"
     assert number_difference({"r": [1, 2]}, {"r": [1]}) == "/r: 2 vs 1 items"
     assert number_difference({"status": "completed"}, {"status": "failed"}) != ""
+
+
+def test_same_numbers_on_chosen_cases_rechecks_them_and_keeps_the_others(tmp_path, monkeypatch):
+    import tests.behaviour_baseline as baseline
+    (tmp_path / "task").mkdir()
+    (tmp_path / "task" / "x.py").write_text("code")
+    folder = tmp_path / code_versions.BASELINE
+    folder.mkdir(parents=True)
+    for name in ("fedavg", "lg_fair_adult"):
+        (folder / f"{name}.json").write_text(f'{{"recorded": "{name}"}}')
+    old = {"algorithm": "lg_fedavg", "experiment": "lg_fair_adult", "result": "same", "detail": "", "reference": "old"}
+    kept = {"algorithm": "fedavg", "experiment": "quickstart", "result": "same", "detail": "", "reference": "r"}
+    record = {"code": code_versions.code_hashes(["task/x.py"], Files(tmp_path).text),
+              "commits": {"abc1234": {"checked": "2026-12-01", "cases": {"fedavg": kept, "lg_fair_adult": old}}}}
+    (tmp_path / code_versions.RECORD).parent.mkdir(parents=True)
+    (tmp_path / code_versions.RECORD).write_text(json.dumps(record))
+    monkeypatch.setattr(baseline, "ROOT", tmp_path)
+    monkeypatch.setattr(baseline, "app_modules", lambda root: ["task/x.py"])
+    monkeypatch.setattr(baseline, "short_commit", lambda rev: rev)
+    monkeypatch.setattr(baseline, "outputs_in", lambda tree, cases: {n: {"result": {"a": 1.0}} for n in cases})
+    monkeypatch.setattr(baseline, "outputs_at", lambda rev, cases: {n: {"result": {"a": 1.5}} for n in cases})
+    assert baseline.same_numbers(["--cases", "no_such_case", "abc1234"]) == 2
+    assert json.loads((tmp_path / code_versions.RECORD).read_text()) == record  # nothing written
+    assert baseline.same_numbers(["--cases", "lg_fair_adult", "abc1234"]) == 0
+    cases = json.loads((tmp_path / code_versions.RECORD).read_text())["commits"]["abc1234"]["cases"]
+    assert cases["fedavg"] == kept
+    assert cases["lg_fair_adult"]["result"] == "differs" and cases["lg_fair_adult"]["detail"] == "/a: recorded 1.0, then 1.5"
+    assert cases["lg_fair_adult"]["reference"] == code_versions.reference_hash("lg_fair_adult", Files(tmp_path).text)
 
 
 def test_a_commit_runs_the_cases_of_now_with_its_own_code(monkeypatch):

@@ -7,17 +7,20 @@ on one machine (numbers drift across machines), and writes what it saw to
 ``docs/reproduction/same_numbers.json``:
 
     {"code": {path: <hash of its text>} of every module of the code now that the cases ran against,
-     "commits": {"<rev>": {"checked": <date>, "baseline": <hash of the reference files of its cases>,
+     "commits": {"<rev>": {"checked": <date>,
                            "cases": {case: {"algorithm": ..., "experiment": ...,
                                             "result": "same" | "differs" | "not run",
-                                            "detail": where it differs, or why it did not run}}}}}
+                                            "detail": where it differs, or why it did not run,
+                                            "reference": <hash of the case's reference file then>}}}}}
 
 A commit *gives the numbers of now* for a run (its algorithm and experiment) when at least one
 case of that algorithm ran with the commit's code, every case of that algorithm or experiment that
 ran gave the same numbers, no case of that experiment failed to run (its protocol must be shown,
-not assumed), and the check was made against the reference files and the code as they are now
-(a re-recorded case, or a change to a module the run executed, voids it). A commit checked before
-a case existed was not checked on that case. The index then counts its runs as the code now; otherwise they stay flagged.
+not assumed), and the check was made against the code as it is now (a change to a module the run
+executed voids it). A case re-recorded since the check (its definition changed) counts as not run
+there, as does a case that did not exist then: it voids the runs of its experiment and says nothing
+of its algorithm until ``same-numbers --cases NAME`` checks it again. The index then counts the runs
+as the code now; otherwise they stay flagged.
 """
 
 from __future__ import annotations
@@ -30,12 +33,9 @@ RECORD = "docs/reproduction/same_numbers.json"
 BASELINE = "docs/behaviour-baseline"
 
 
-def baseline_hash(names: Iterable[str], text: Callable[[str], str | None]) -> str:
-    """One sha256 (16 hex digits) over the reference files ``BASELINE/<name>.json`` of the cases."""
-    digest = hashlib.sha256()
-    for name in sorted(names):
-        digest.update(name.encode() + b"\0" + (text(f"{BASELINE}/{name}.json") or "\0missing").encode() + b"\0")
-    return digest.hexdigest()[:16]
+def reference_hash(name: str, text: Callable[[str], str | None]) -> str:
+    """The sha256 (16 hex digits) of case ``name``'s reference file ``BASELINE/<name>.json``."""
+    return hashlib.sha256((text(f"{BASELINE}/{name}.json") or "\0missing").encode()).hexdigest()[:16]
 
 
 def code_hashes(paths: Iterable[str], text: Callable[[str], str | None]) -> dict[str, str]:
@@ -53,17 +53,16 @@ def gives_numbers_of_now(record: dict, commit: str, algorithm: str, experiment: 
                          text: Callable[[str], str | None]) -> bool:
     """Whether ``commit``'s code gave the numbers of the code now for a run of ``algorithm`` in ``experiment``
     that executed ``modules`` (None: not recorded, so every module the record knows), by a ``record`` made
-    against the reference files and those modules as they are now (``text``: a file's text by path)."""
+    against those modules and the cases' reference files as they are now (``text``: a file's text by path)."""
     entry = record.get("commits", {}).get(commit)
     if not commit or commit.endswith("+changes") or not entry or not record.get("code"):
-        return False
-    if entry.get("baseline") != baseline_hash(entry["cases"], text):
         return False
     checked = record["code"]
     paths = list(checked) if modules is None else modules
     if any(path not in checked for path in paths) or code_hashes(paths, text) != {p: checked[p] for p in paths}:
         return False
-    cases = entry["cases"].values()
+    cases = [case if case.get("reference") == reference_hash(name, text) else {**case, "result": "not run"}
+             for name, case in entry["cases"].items()]  # re-recorded since: not checked on its definition of now
     mine = [c for c in cases if c["algorithm"] == algorithm or c.get("experiment") == experiment]
     ran = [c for c in mine if c["result"] != "not run"]
     return (any(c["algorithm"] == algorithm for c in ran) and all(c["result"] == "same" for c in ran)
