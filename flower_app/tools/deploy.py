@@ -1,6 +1,6 @@
 """A real Flower deployment on this machine: one ``flower-superlink``, N ``flower-supernode``
 processes on loopback, an experiment submitted with ``flwr run``, then a clean shutdown of
-exactly the processes it started (each in its own process group, so that a signal to
+exactly the processes it started and theirs (each in its own process group, so that a signal to
 ``flrep``'s group reaches ``flrep`` alone). The shutdown also happens when ``flrep`` gets SIGTERM,
 SIGINT or SIGHUP (:class:`flower_app.run.stop_signals.Stopped`), or when its parent dies; and on Linux
 every started process gets SIGTERM if ``flrep`` itself is killed. ``<work>/processes.json`` lists
@@ -26,6 +26,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+import psutil
 
 from flower_app.tools.certs import DeploymentKeys
 from flower_app.run.config import PROJECT_DIR as APP_DIR
@@ -285,15 +287,42 @@ STOP_GRACE_S = 10.0
 
 
 def _stop_together(processes: list[subprocess.Popen]) -> None:
-    """SIGTERM to each process group, one shared grace, SIGKILL to every group (children left in it:
-    ClientApp processes), one more shared grace to reap them."""
+    """SIGTERM to each process group and to every process it started (Flower's SuperLink starts its
+    SuperExec, and the SuperExec its ServerApp, each in a session of their own, out of the group's
+    reach), one shared grace, SIGKILL to every group and to those still alive, one more shared grace
+    to reap them."""
+    started = _descendants(processes)
     for process in processes:
         if process.poll() is None:
             _signal_group(process, signal.SIGTERM)
+    _signal_each(started, signal.SIGTERM)
     _wait_all(processes, STOP_GRACE_S)
+    psutil.wait_procs(started, timeout=max(0.0, STOP_GRACE_S / 2))
     for process in processes:
         _signal_group(process, signal.SIGKILL)
+    _signal_each(started, signal.SIGKILL)
     _wait_all(processes, STOP_GRACE_S)  # one not reaped by then has had SIGKILL: go on
+    psutil.wait_procs(started, timeout=STOP_GRACE_S)
+
+
+def _descendants(processes: list[subprocess.Popen]) -> list[psutil.Process]:
+    """Every live process that ``processes`` started, however deep (read before any is signalled: a
+    process whose parent died is re-parented and no longer found)."""
+    found = []
+    for process in processes:
+        try:
+            found += psutil.Process(process.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def _signal_each(processes: list[psutil.Process], sig: int) -> None:
+    for proc in processes:
+        try:
+            proc.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass
 
 
 def _wait_all(processes: list[subprocess.Popen], seconds: float) -> None:
