@@ -80,7 +80,7 @@ def train_fedrod(rt: ClientRuntime, content: RecordDict) -> RecordDict:
         opt_head.zero_grad(set_to_none=True)
         personal_loss.backward()
         opt_head.step()
-        total += float(loss) * len(yb)
+        total += loss.item() * len(yb)
         samples += len(yb)
         steps += 1
     keep_arrays(rt, PERSONAL_HEAD, head.state_dict())

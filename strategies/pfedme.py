@@ -100,7 +100,7 @@ def train_pfedme(rt: ClientRuntime, content: RecordDict) -> RecordDict:
         with torch.no_grad():
             for p, w in zip(theta, local):
                 w.sub_(w - p, alpha=eta * lam)
-        total += float(loss) * len(yb)
+        total += loss.item() * len(yb)
         samples += len(yb)
         steps += 1
     keep_arrays(rt, PERSONAL, rt.model.state_dict())
