@@ -16,7 +16,7 @@ import io
 import json
 import re
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -63,13 +63,16 @@ class Commit:
 
     root: Path
     rev: str = "HEAD"
+    _read: dict[str, str | None] = field(default_factory=dict, compare=False, repr=False)  # path -> text, read once
 
     def _git(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["git", "-C", str(self.root), *args], capture_output=True, text=True)
 
     def text(self, path: str) -> str | None:
-        shown = self._git("show", f"{self.rev}:{path}")
-        return shown.stdout if shown.returncode == 0 else None
+        if path not in self._read:  # every run's flags hash the same modules: one git call per file
+            shown = self._git("show", f"{self.rev}:{path}")
+            self._read[path] = shown.stdout if shown.returncode == 0 else None
+        return self._read[path]
 
     def tables(self) -> list[str]:
         listed = self._git("ls-tree", "--name-only", self.rev, "conf/tables/")
