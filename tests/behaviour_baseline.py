@@ -20,6 +20,7 @@ relative 1e-4 (another CPU may sum in another order: small training losses then 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -241,11 +242,32 @@ def short_commit(rev: str) -> str:
                           text=True, check=True).stdout.strip()
 
 
+def output_digests(outputs: dict[str, dict]) -> dict[str, str]:
+    """``{case: sha256 (16 hex digits) of its cleaned numbers}`` of the cases that ran."""
+    return {name: hashlib.sha256(json.dumps(_clean(out["result"]), sort_keys=True).encode()).hexdigest()[:16]
+            for name, out in outputs.items() if "result" in out}
+
+
+def machine() -> str:
+    """The CPU model and torch version: numbers compare exactly only on one machine."""
+    import platform
+
+    import torch
+
+    info = Path("/proc/cpuinfo")
+    models = [line.split(":", 1)[1].strip() for line in (info.read_text().splitlines() if info.is_file() else [])
+              if line.startswith("model name")]
+    return f"{models[0] if models else platform.processor()}, torch {torch.__version__}"
+
+
 def same_numbers(args: list[str]) -> int:
     """Compare each commit's numbers on the cases of now with those of the code now, both run here (numbers
     drift across machines); record it (code_versions). ``--cases A,B REV ...`` checks those cases alone (a
-    case redefined and re-recorded since) and keeps what the record says of the others."""
-    from flower_app.reproduction.code_versions import RECORD, code_hashes, load, reference_hash
+    case redefined and re-recorded since) and keeps what the record says of the others. When the code
+    changed since the record but gives, on this machine, exactly the numbers it was made against on every
+    case, the record carries over to the code now (what a commit gave equals those numbers); otherwise it
+    starts empty and names the commits to check again. With no commit, it only does that."""
+    from flower_app.reproduction.code_versions import code_hashes, load, reference_hash
     from flower_app.run.config import load_variants
 
     def text(rel: str) -> str | None:
@@ -261,12 +283,28 @@ def same_numbers(args: list[str]) -> int:
             return 2
     code = code_hashes(app_modules(ROOT), text)
     record = load(text)
-    if record.get("code") != code:  # checks against other code say nothing of this code's numbers
-        record = {"code": code, "commits": {}}
+    changed = record.get("code") != code
+    reference = outputs_in(ROOT, CASES if changed else {name: CASES[name] for name in names})
+    digests, here = output_digests(reference), machine()
+    if changed:
+        checked = sorted(record.get("commits", {}))
+        if checked and record.get("machine") == here and record.get("outputs") == digests \
+                and len(digests) == len(CASES):
+            print(f"the code now gives the numbers of the code the record was checked against on every case: "
+                  f"its {len(checked)} commits carry over")
+            record["code"] = code
+        else:
+            if checked:
+                print("the code now changed the numbers of a case (or this is another machine): the record starts "
+                      f"empty; check its commits again: same-numbers {' '.join(checked)}")
+            record = {"code": code, "commits": {}}
+        record["outputs"] = {}
+    record["machine"] = here
+    record["outputs"] = {**{k: v for k, v in record.get("outputs", {}).items() if k in CASES}, **digests}
     cases_now = {name: CASES[name] for name in names}
     covers = {name: {"algorithm": str(load_variants(exp, ov.split())[0].algorithm), "experiment": exp,
                      "reference": reference_hash(name, text)} for name, (exp, ov) in cases_now.items()}
-    reference = outputs_in(ROOT, cases_now)
+    _write_record(record)
     for rev in args:
         short = short_commit(rev)
         outputs = outputs_at(short, cases_now)
@@ -283,11 +321,17 @@ def same_numbers(args: list[str]) -> int:
         record["commits"][short] = {"checked": date.today().isoformat(), "cases": dict(sorted(cases.items()))}
         counts = {r: sum(cases[n]["result"] == r for n in names) for r in ("same", "differs", "not run")}
         print(f"{short}: " + ", ".join(f"{n} {r}" for r, n in counts.items()), flush=True)
-        target = ROOT / RECORD  # after each commit: a long list stopped half-way keeps what it saw
-        tmp = target.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-        tmp.replace(target)
+        _write_record(record)  # after each commit: a long list stopped half-way keeps what it saw
     return 0
+
+
+def _write_record(record: dict) -> None:
+    from flower_app.reproduction.code_versions import RECORD
+
+    target = ROOT / RECORD
+    tmp = target.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    tmp.replace(target)
 
 
 def number_difference(a, b, path: str = "") -> str:

@@ -344,6 +344,44 @@ def test_same_numbers_on_chosen_cases_rechecks_them_and_keeps_the_others(tmp_pat
     assert cases["lg_fair_adult"]["reference"] == code_versions.reference_hash("lg_fair_adult", Files(tmp_path).text)
 
 
+def test_a_code_change_that_gives_every_cases_numbers_carries_the_record_over_and_any_other_empties_it(
+        tmp_path, monkeypatch, capsys):
+    import tests.behaviour_baseline as baseline
+    (tmp_path / "task").mkdir()
+    (tmp_path / "task" / "x.py").write_text("code")
+    (tmp_path / code_versions.RECORD).parent.mkdir(parents=True)
+    monkeypatch.setattr(baseline, "ROOT", tmp_path)
+    monkeypatch.setattr(baseline, "CASES", {"fedavg": baseline.CASES["fedavg"]})
+    monkeypatch.setattr(baseline, "app_modules", lambda root: ["task/x.py"])
+    monkeypatch.setattr(baseline, "machine", lambda: "this cpu")
+    numbers = {"a": 1.0}
+    monkeypatch.setattr(baseline, "outputs_in", lambda tree, cases: {n: {"result": dict(numbers)} for n in cases})
+    checked = {"abc1234": {"checked": "2026-12-01", "cases": {"fedavg": {"result": "same"}}}}
+
+    def recorded_against(code: str, machine: str = "this cpu") -> None:
+        (tmp_path / "task" / "x.py").write_text(code)
+        record = {"code": code_versions.code_hashes(["task/x.py"], Files(tmp_path).text), "commits": checked,
+                  "machine": machine, "outputs": baseline.output_digests({"fedavg": {"result": {"a": 1.0}}})}
+        (tmp_path / code_versions.RECORD).write_text(json.dumps(record))
+        (tmp_path / "task" / "x.py").write_text("code, edited")
+
+    def record_now() -> dict:
+        return json.loads((tmp_path / code_versions.RECORD).read_text())
+
+    recorded_against("code")
+    assert baseline.same_numbers([]) == 0
+    assert record_now()["commits"] == checked and "its 1 commits carry over" in capsys.readouterr().out
+    assert record_now()["code"] == code_versions.code_hashes(["task/x.py"], Files(tmp_path).text)
+    numbers["a"] = 1.0 + 1e-12  # the edit changed a number
+    recorded_against("code")
+    assert baseline.same_numbers([]) == 0
+    assert record_now()["commits"] == {} and "same-numbers abc1234" in capsys.readouterr().out
+    numbers["a"] = 1.0
+    recorded_against("code", machine="another cpu")  # the same numbers, but compared on another machine
+    assert baseline.same_numbers([]) == 0
+    assert record_now()["commits"] == {} and record_now()["machine"] == "this cpu"
+
+
 def test_a_commit_runs_the_cases_of_now_with_its_own_code(monkeypatch):
     import tests.behaviour_baseline as baseline
     monkeypatch.setattr(baseline, "CASES", {"fedavg": baseline.CASES["fedavg"],

@@ -11,7 +11,12 @@ on one machine (numbers drift across machines), and writes what it saw to
                            "cases": {case: {"algorithm": ..., "experiment": ...,
                                             "result": "same" | "differs" | "not run",
                                             "detail": where it differs, or why it did not run,
-                                            "reference": <hash of the case's reference file then>}}}}}
+                                            "reference": <hash of the case's reference file then>}}}},
+     "machine": <CPU model, torch version>, "outputs": {case: <hash of the numbers the code now gives there>}}
+
+When the code changes, ``same-numbers`` runs the cases with it: if it gives exactly the numbers the
+record was made against (``outputs``, on the same ``machine``), every commit's result holds for it
+and the record carries over; otherwise the record starts empty.
 
 A commit *gives the numbers of now* for a run (its algorithm and experiment) when at least one
 case of that algorithm ran with the commit's code, every case of that algorithm or experiment that
