@@ -149,7 +149,7 @@ def main(argv: list[str]) -> int:
             print(f"same     {name}")
         else:
             failed.append(name)
-            print(f"DIFFERS  {name}: {_first_difference(expected, now)}")
+            print(f"DIFFERS  {name}: {difference(expected, now)}")
     return 1 if failed else 0
 
 
@@ -158,31 +158,42 @@ REL_TOL = 1e-4  # numbers closer than this are the same number summed in another
 
 def same(a, b) -> bool:
     """Whether two JSON values are equal, numbers within ``REL_TOL`` (bools and None exactly)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    numbers = (int, float)
-    if isinstance(a, numbers) and isinstance(b, numbers) and not isinstance(a, bool) and not isinstance(b, bool):
-        return math.isclose(a, b, rel_tol=REL_TOL, abs_tol=1e-12) or (math.isnan(a) and math.isnan(b))
-    return a == b
+    return not difference(a, b)
 
 
-def _first_difference(a, b, path: str = "") -> str:
-    """Where two JSON values first differ."""
+def difference(a, b, path: str = "", exact: bool = False) -> str:
+    """Where two JSON values first differ ("" when they do not). By default (``check``) numbers within
+    ``REL_TOL`` are equal and a key that one side lacks is a difference. ``exact`` (two runs on one machine,
+    ``same-numbers``): numbers exactly (a tolerance would hide a change as small as the warm-start leak of
+    85fe1a3, 1e-7 in a 3-round case and whole points in a 100-round run), and a key only one side reports (a
+    metric added or renamed since) is none."""
+    then = "then" if exact else "now"
     if isinstance(a, dict) and isinstance(b, dict):
-        for key in sorted(set(a) | set(b)):
+        for key in sorted(set(a) & set(b) if exact else set(a) | set(b)):
             if key not in a or key not in b:
-                return f"{path}/{key}: only in {'recorded' if key in a else 'now'}"
-            if not same(a[key], b[key]):
-                return _first_difference(a[key], b[key], f"{path}/{key}")
+                return f"{path}/{key}: only in {'recorded' if key in a else then}"
+            where = difference(a[key], b[key], f"{path}/{key}", exact)
+            if where:
+                return where
+        return ""
     if isinstance(a, list) and isinstance(b, list):
         if len(a) != len(b):
             return f"{path}: {len(a)} vs {len(b)} items"
         for i, (x, y) in enumerate(zip(a, b)):
-            if not same(x, y):
-                return _first_difference(x, y, f"{path}[{i}]")
-    return f"{path}: recorded {a!r}, now {b!r}"
+            where = difference(x, y, f"{path}[{i}]", exact)
+            if where:
+                return where
+        return ""
+    return "" if _equal(a, b, exact) else f"{path}: recorded {a!r}, {then} {b!r}"
+
+
+def _equal(a, b, exact: bool) -> bool:
+    numbers = (int, float)
+    if isinstance(a, numbers) and isinstance(b, numbers) and not isinstance(a, bool) and not isinstance(b, bool):
+        if math.isnan(a) and math.isnan(b):
+            return True
+        return a == b if exact else math.isclose(a, b, rel_tol=REL_TOL, abs_tol=1e-12)
+    return a == b
 
 
 # Run in a child process whose first path is a commit's tree: that commit's own run_case, on the cases of now.
@@ -316,7 +327,7 @@ def same_numbers(args: list[str]) -> int:
                 why = got.get("error") or f"the code now: {expected['error']}"
                 cases[name] = {**covers[name], "result": "not run", "detail": why}
                 continue
-            where = number_difference(_clean(expected["result"]), _clean(got["result"]))
+            where = difference(_clean(expected["result"]), _clean(got["result"]), exact=True)
             cases[name] = {**covers[name], "result": "differs" if where else "same", "detail": where}
         record["commits"][short] = {"checked": date.today().isoformat(), "cases": dict(sorted(cases.items()))}
         counts = {r: sum(cases[n]["result"] == r for n in names) for r in ("same", "differs", "not run")}
@@ -332,29 +343,6 @@ def _write_record(record: dict) -> None:
     tmp = target.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     tmp.replace(target)
-
-
-def number_difference(a, b, path: str = "") -> str:
-    """Where two runs' records on one machine first differ in a value both report ("" when none does):
-    numbers exactly (a tolerance would hide a change as small as the warm-start leak of 85fe1a3, 1e-7 in
-    a 3-round case and whole points in a 100-round run); a key that only one of them reports (a metric
-    added or renamed since) is no difference in numbers."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        for key in sorted(set(a) & set(b)):
-            where = number_difference(a[key], b[key], f"{path}/{key}")
-            if where:
-                return where
-        return ""
-    if isinstance(a, list) and isinstance(b, list):
-        if len(a) != len(b):
-            return f"{path}: {len(a)} vs {len(b)} items"
-        for i, (x, y) in enumerate(zip(a, b)):
-            where = number_difference(x, y, f"{path}[{i}]")
-            if where:
-                return where
-        return ""
-    both_nan = isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b)
-    return "" if a == b or both_nan else f"{path}: recorded {a!r}, then {b!r}"
 
 
 if __name__ == "__main__":

@@ -308,12 +308,21 @@ def test_every_link_of_the_committed_index_names_a_file_of_the_repository():
 
 
 def test_a_difference_in_numbers_is_found_and_a_metric_only_one_side_reports_is_not():
-    from tests.behaviour_baseline import number_difference
-    assert number_difference({"a": 1.0, "added_since": 2}, {"a": 1.0, "renamed": 3}) == ""
-    assert number_difference({"a": 0.49639856614338934}, {"a": 0.49639855214970885}) != ""  # 85fe1a3's change
-    assert number_difference({"r": [{"a": 1.0}]}, {"r": [{"a": 1.1}]}) == "/r[0]/a: recorded 1.0, then 1.1"
-    assert number_difference({"r": [1, 2]}, {"r": [1]}) == "/r: 2 vs 1 items"
-    assert number_difference({"status": "completed"}, {"status": "failed"}) != ""
+    from tests.behaviour_baseline import difference
+    assert difference({"a": 1.0, "added_since": 2}, {"a": 1.0, "renamed": 3}, exact=True) == ""
+    assert difference({"a": 0.49639856614338934}, {"a": 0.49639855214970885}, exact=True) != ""  # 85fe1a3's change
+    assert difference({"r": [{"a": 1.0}]}, {"r": [{"a": 1.1}]}, exact=True) == "/r[0]/a: recorded 1.0, then 1.1"
+    assert difference({"r": [1, 2]}, {"r": [1]}, exact=True) == "/r: 2 vs 1 items"
+    assert difference({"status": "completed"}, {"status": "failed"}, exact=True) != ""
+    assert difference({"a": float("nan")}, {"a": float("nan")}, exact=True) == ""
+
+
+def test_the_check_takes_numbers_within_its_tolerance_and_names_a_missing_key():
+    from tests.behaviour_baseline import difference, same
+    assert same({"a": 1.0, "r": [2.0]}, {"a": 1.0 + 2e-6, "r": [2.0]}) and not same({"a": 1.0}, {"a": 1.001})
+    assert difference({"a": 1.0, "b": 2}, {"a": 1.0}) == "/b: only in recorded"
+    assert difference({"a": 1.0}, {"a": 1.0, "c": 3}) == "/c: only in now"
+    assert difference({"r": [{"a": 1.0}]}, {"r": [{"a": 1.1}]}) == "/r[0]/a: recorded 1.0, now 1.1"
 
 
 def test_same_numbers_on_chosen_cases_rechecks_them_and_keeps_the_others(tmp_path, monkeypatch):
@@ -389,5 +398,5 @@ def test_a_commit_runs_the_cases_of_now_with_its_own_code(monkeypatch):
     then = baseline.outputs_at("HEAD")
     now = baseline.outputs_in(baseline.ROOT)
     assert "no_such_algorithm" in then["unknown"]["error"] and "error" in now["unknown"]
-    assert baseline.number_difference(now["fedavg"]["result"], then["fedavg"]["result"]) == ""
+    assert baseline.difference(now["fedavg"]["result"], then["fedavg"]["result"], exact=True) == ""
     assert then["fedavg"]["result"]["."]["summary"]["algorithm"] == "fedavg"
