@@ -319,7 +319,9 @@ def same_numbers(args: list[str]) -> int:
     for rev in args:
         short = short_commit(rev)
         outputs = outputs_at(short, cases_now)
-        cases = dict(record["commits"].get(short, {}).get("cases", {})) if len(names) < len(CASES) else {}
+        some = len(names) < len(CASES) and short in record["commits"]  # the others keep their results and date
+        today = date.today().isoformat()
+        cases = dict(record["commits"][short]["cases"]) if some else {}
         for name in names:
             got = outputs.get(name, {"error": "the commit's run of the cases stopped before it"})
             expected = reference.get(name, {"error": "the code now did not run it"})
@@ -329,7 +331,10 @@ def same_numbers(args: list[str]) -> int:
                 continue
             where = difference(_clean(expected["result"]), _clean(got["result"]), exact=True)
             cases[name] = {**covers[name], "result": "differs" if where else "same", "detail": where}
-        record["commits"][short] = {"checked": date.today().isoformat(), "cases": dict(sorted(cases.items()))}
+        if some:
+            cases.update({name: {**cases[name], "checked": today} for name in names})
+        checked = record["commits"][short]["checked"] if some else today
+        record["commits"][short] = {"checked": checked, "cases": dict(sorted(cases.items()))}
         counts = {r: sum(cases[n]["result"] == r for n in names) for r in ("same", "differs", "not run")}
         print(f"{short}: " + ", ".join(f"{n} {r}" for r, n in counts.items()), flush=True)
         _write_record(record)  # after each commit: a long list stopped half-way keeps what it saw

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from datetime import date
 
 import pytest
 
@@ -351,6 +352,8 @@ def test_same_numbers_on_chosen_cases_rechecks_them_and_keeps_the_others(tmp_pat
     assert cases["fedavg"] == kept
     assert cases["lg_fair_adult"]["result"] == "differs" and cases["lg_fair_adult"]["detail"] == "/a: recorded 1.0, then 1.5"
     assert cases["lg_fair_adult"]["reference"] == code_versions.reference_hash("lg_fair_adult", Files(tmp_path).text)
+    entry = json.loads((tmp_path / code_versions.RECORD).read_text())["commits"]["abc1234"]
+    assert entry["checked"] == "2026-12-01" and cases["lg_fair_adult"]["checked"] == date.today().isoformat()
 
 
 def test_a_code_change_that_gives_every_cases_numbers_carries_the_record_over_and_any_other_empties_it(

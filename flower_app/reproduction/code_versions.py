@@ -11,7 +11,8 @@ on one machine (numbers drift across machines), and writes what it saw to
                            "cases": {case: {"algorithm": ..., "experiment": ...,
                                             "result": "same" | "differs" | "not run",
                                             "detail": where it differs, or why it did not run,
-                                            "reference": <hash of the case's reference file then>}}}},
+                                            "reference": <hash of the case's reference file then>,
+                                            "checked": <date, for a case checked alone later>}}}},
      "machine": <CPU model, torch version>, "outputs": {case: <hash of the numbers the code now gives there>}}
 
 When the code changes, ``same-numbers`` runs the cases with it: if it gives exactly the numbers the
