@@ -122,7 +122,7 @@ def run_case(experiment: str, overrides: str, out: Path) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) >= 2 and argv[0] == "same-numbers":
+    if argv and argv[0] == "same-numbers":
         return same_numbers(argv[1:])
     if len(argv) < 2 or argv[0] not in ("record", "check"):
         print(__doc__)
