@@ -309,9 +309,10 @@ def same_numbers(args: list[str]) -> int:
                 print("the code now changed the numbers of a case (or this is another machine): the record starts "
                       f"empty; check its commits again: same-numbers {' '.join(checked)}")
             record = {"code": code, "commits": {}}
-        record["outputs"] = {}
+    # the other cases' hashes stand only for this code on this machine
+    kept = {} if changed or record.get("machine") != here else record.get("outputs", {})
     record["machine"] = here
-    record["outputs"] = {**{k: v for k, v in record.get("outputs", {}).items() if k in CASES}, **digests}
+    record["outputs"] = {**{k: v for k, v in kept.items() if k in CASES}, **digests}
     cases_now = {name: CASES[name] for name in names}
     covers = {name: {"algorithm": str(load_variants(exp, ov.split())[0].algorithm), "experiment": exp,
                      "reference": reference_hash(name, text)} for name, (exp, ov) in cases_now.items()}
