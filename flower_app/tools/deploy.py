@@ -30,6 +30,7 @@ from pathlib import Path
 import psutil
 
 from flower_app.tools.certs import DeploymentKeys
+from flower_app.tools.superlink import signal_and_wait
 from flower_app.run.config import PROJECT_DIR as APP_DIR
 from flower_app.run.console import TAG, Progress, say, verbose_chosen
 from flower_app.run.run_dir import write_atomic
@@ -295,14 +296,13 @@ def _stop_together(processes: list[subprocess.Popen]) -> None:
     for process in processes:
         if process.poll() is None:
             _signal_group(process, signal.SIGTERM)
-    _signal_each(started, signal.SIGTERM)
-    _wait_all(processes, STOP_GRACE_S)
-    psutil.wait_procs(started, timeout=max(0.0, STOP_GRACE_S / 2))
+    deadline = time.monotonic() + STOP_GRACE_S
+    _, alive = signal_and_wait(started, "terminate", STOP_GRACE_S)
+    _wait_all(processes, deadline - time.monotonic())
     for process in processes:
         _signal_group(process, signal.SIGKILL)
-    _signal_each(started, signal.SIGKILL)
+    signal_and_wait(alive, "kill", STOP_GRACE_S)
     _wait_all(processes, STOP_GRACE_S)  # one not reaped by then has had SIGKILL: go on
-    psutil.wait_procs(started, timeout=STOP_GRACE_S)
 
 
 def _descendants(processes: list[subprocess.Popen]) -> list[psutil.Process]:
@@ -315,14 +315,6 @@ def _descendants(processes: list[subprocess.Popen]) -> list[psutil.Process]:
         except psutil.NoSuchProcess:
             pass
     return found
-
-
-def _signal_each(processes: list[psutil.Process], sig: int) -> None:
-    for proc in processes:
-        try:
-            proc.send_signal(sig)
-        except psutil.NoSuchProcess:
-            pass
 
 
 def _wait_all(processes: list[subprocess.Popen], seconds: float) -> None:

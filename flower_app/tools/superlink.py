@@ -66,13 +66,13 @@ def describe(proc: psutil.Process) -> str:
 
 def stop(processes: list[psutil.Process], grace_s: float = 10.0) -> list[int]:
     """SIGTERM ``processes``, SIGKILL those still alive after ``grace_s``; the PIDs that ended."""
-    gone, alive = _signal(processes, "terminate", grace_s)
-    gone_late, _ = _signal(alive, "kill", grace_s)
+    gone, alive = signal_and_wait(processes, "terminate", grace_s)
+    gone_late, _ = signal_and_wait(alive, "kill", grace_s)
     return sorted(p.pid for p in [*gone, *gone_late])
 
 
-def _signal(processes: list[psutil.Process], method: str, wait_s: float):
-    """Call ``method`` (terminate or kill) on each process; (ended, still alive) after ``wait_s``."""
+def signal_and_wait(processes: list[psutil.Process], method: str, wait_s: float):
+    """Call ``method`` (terminate or kill) on each process; (ended, still alive) after at most ``wait_s``."""
     for proc in processes:
         try:
             getattr(proc, method)()
