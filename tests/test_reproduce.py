@@ -686,3 +686,25 @@ def test_a_running_cell_reports_its_rounds_and_eta(tmp_path, capsys, monkeypatch
         assert rep.run_child([sys.executable, "-c", script], log) == 0
     said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[reproduce]   ")]
     assert said == ["[reproduce]   round 1/2, ETA 5.0s", "[reproduce]   round 2/2, ETA 0.0s"]
+
+
+def test_a_resumed_run_is_estimated_at_what_its_checkpoint_has_not_spent(tiny, tmp_path, capsys, monkeypatch):
+    from flower_app.reproduction import runner as rep
+
+    (tiny / "long.yaml").write_text(TINY.replace("minutes: {cpu: 0.3}", "minutes: {cpu: 30}"))
+    table = load_table("long")
+    resumed = run_folder(tmp_path, Job(table.cells["a"], 0))
+    checkpoint.save(resumed, {"elapsed_s": 20 * 60.0})  # 20 of the cell's 30 minutes already spent
+
+    def finished(cmd, log):
+        folder = Path(cmd[cmd.index("--out") + 1]) if "--out" in cmd else Path(cmd[-1].split("=", 1)[1])
+        assert (folder == resumed) == (cmd[-1] == f"resume={resumed}")
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "summary.json").write_text(json.dumps({"status": "completed", "personalized_accuracy": 0.5}))
+        return 0
+
+    monkeypatch.setattr(rep, "run_child", finished)
+    assert reproduce(table, "cpu", [0, 1], ["a"], tmp_path) == 0
+    said = capsys.readouterr().out
+    assert "2 to run (estimated 40 min)" in said  # 10 left of seed 0, 30 of seed 1
+    assert "run 1/2: a/seed0 (A) | elapsed 0 min | ETA 40 min" in said

@@ -53,6 +53,20 @@ def resumable(out_dir: Path) -> bool:
         _completed(f / "summary.json") for f in folders[1:])
 
 
+def elapsed_minutes(out_dir: Path) -> float:
+    """Training and evaluation minutes the checkpoints in ``out_dir`` (and in a comparison's variant
+    folders) have already spent; 0 where there is none or it cannot be read."""
+    folders = [out_dir, *(p for p in out_dir.iterdir() if p.is_dir())] if out_dir.is_dir() else []
+    seconds = 0.0
+    for folder in folders:
+        if (checkpoint_dir(folder) / SERVER_FILE).is_file():
+            try:
+                seconds += float(read(folder, "checkpoint")["elapsed_s"])
+            except (ConfigError, KeyError, TypeError, ValueError):
+                continue
+    return seconds / 60
+
+
 def _completed(summary: Path) -> bool:
     try:
         return json.loads(summary.read_text()).get("status") == "completed"

@@ -218,14 +218,17 @@ def _run_jobs(table: Table, scale: str, jobs: list[Job], out: Path, settings: li
             print(f"[reproduce] {job.key} failed earlier: kept (its log: {run_folder(out, job).parent}/"
                   f"seed{job.seed}.log); --retry-failed moves it aside and runs it again", flush=True)
     todo = [j for j in jobs if status[j.key] not in ("completed", "failed")]
+    # a checkpointed run resumes: only what its checkpoint has not yet spent of the cell's estimate is left
+    expected = {j.key: max(j.cell.minutes.get(scale, 0) - checkpoint.elapsed_minutes(run_folder(out, j)), 0.0)
+                for j in todo}
     print(f"[reproduce] {table.name} at scale {scale!r}: {len(jobs)} runs, "
           f"{len(jobs) - len(todo) - len(kept_failed)} already completed, "
           + (f"{len(kept_failed)} failed earlier, " if kept_failed else "") +
-          f"{len(todo)} to run (estimated {_minutes(sum(j.cell.minutes.get(scale, 0) for j in todo))})", flush=True)
+          f"{len(todo)} to run (estimated {_minutes(sum(expected.values()))})", flush=True)
     failed, started, spent, estimated_done = list(kept_failed), time.monotonic(), 0.0, 0.0
     for i, job in enumerate(todo):
         folder = run_folder(out, job)
-        left = sum(j.cell.minutes.get(scale, 0) for j in todo[i:])
+        left = sum(expected[j.key] for j in todo[i:])
         pace = spent / 60 / estimated_done if estimated_done > 0 else 1.0
         print(f"[reproduce] run {i + 1}/{len(todo)}: {job.key} ({job.cell.label}) | elapsed "
               f"{_minutes((time.monotonic() - started) / 60)} | ETA {_minutes(left * pace)}", flush=True)
@@ -255,7 +258,7 @@ def _run_jobs(table: Table, scale: str, jobs: list[Job], out: Path, settings: li
                 raise
         seconds = time.monotonic() - t0
         spent += seconds
-        estimated_done += job.cell.minutes.get(scale, 0)
+        estimated_done += expected[job.key]
         summary = read_summary(folder)
         status = (summary or {}).get("status") if code == 0 else "failed"
         manifest["runs"][job.key] = {"status": status, "exit_code": code, "wall_s": round(seconds, 1),
