@@ -48,7 +48,7 @@ def checkpoint_dir(out_dir: Path) -> Path:
 def resumable(out_dir: Path) -> bool:
     """``out_dir`` holds something ``resume=`` can continue: a server checkpoint, in it or in a
     comparison's variant folder, or a variant that completed."""
-    folders = [out_dir, *(p for p in out_dir.iterdir() if p.is_dir())] if out_dir.is_dir() else []
+    folders = _run_folders(out_dir)
     return any((checkpoint_dir(f) / SERVER_FILE).is_file() for f in folders) or any(
         _completed(f / "summary.json") for f in folders[1:])
 
@@ -56,15 +56,18 @@ def resumable(out_dir: Path) -> bool:
 def elapsed_minutes(out_dir: Path) -> float:
     """Training and evaluation minutes the checkpoints in ``out_dir`` (and in a comparison's variant
     folders) have already spent; 0 where there is none or it cannot be read."""
-    folders = [out_dir, *(p for p in out_dir.iterdir() if p.is_dir())] if out_dir.is_dir() else []
     seconds = 0.0
-    for folder in folders:
-        if (checkpoint_dir(folder) / SERVER_FILE).is_file():
-            try:
-                seconds += float(read(folder, "checkpoint")["elapsed_s"])
-            except (ConfigError, KeyError, TypeError, ValueError):
-                continue
+    for folder in _run_folders(out_dir):
+        try:
+            seconds += float(read(folder, "checkpoint")["elapsed_s"])
+        except (ConfigError, KeyError, TypeError, ValueError):
+            continue
     return seconds / 60
+
+
+def _run_folders(out_dir: Path) -> list[Path]:
+    """``out_dir`` and its sub-folders (a comparison's variants); none where it does not exist."""
+    return [out_dir, *(p for p in out_dir.iterdir() if p.is_dir())] if out_dir.is_dir() else []
 
 
 def _completed(summary: Path) -> bool:
