@@ -35,3 +35,26 @@ def test_a_partition_id_outside_the_federation_is_named(tmp_path):
     cfg = {"name": "digits", "num_clients": 4, "cache_dir": str(tmp_path)}
     with pytest.raises(ConfigError, match="partition-id 4 is outside the 4 clients"):
         partition_cache.client_data(cfg, 0, 4, tmp_path / "node")
+
+
+def test_a_process_serving_twenty_nodes_builds_the_model_once_and_reads_each_partition_once(tmp_path, monkeypatch):
+    """As in ``flwr run``'s simulation, where one worker serves many nodes by partition id: 20 nodes through one
+    process for 3 rounds read each partition once and build the variant's model once, not at every message."""
+    from flower_app.app import client_app
+    from flower_app.app.server_app import Experiment
+    from flower_app.run.config import load_config
+    from strategies.state_store import SIMULATION_ENV
+    from tests.local_grid import LocalGrid
+
+    monkeypatch.delenv(SIMULATION_ENV)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    models, partitions = [], []
+    build_model, read_partition = client_app.initial_model, client_app.client_data
+    monkeypatch.setattr(client_app, "initial_model", lambda *a: models.append(1) or build_model(*a))
+    monkeypatch.setattr(client_app, "client_data", lambda *a: partitions.append(a[2]) or read_partition(*a))
+    overrides = (f"wandb.enabled=false compare=[] data.num_clients=20 train.fraction=1.0 rounds=3 eval.every=1 "
+                 f"out_dir={tmp_path / 'out'}")
+    grid = LocalGrid(20, {"experiment": "quickstart", "overrides": overrides})
+    Experiment(grid, load_config("quickstart", overrides.split())).run()
+    assert len(grid.sent) > 60  # every node was sent a message in every round
+    assert len(models) == 1 and sorted(partitions) == list(range(20))

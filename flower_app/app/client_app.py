@@ -20,6 +20,7 @@ from pathlib import Path
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.clientapp.client_app import DEFAULT_ACTION
+from omegaconf import DictConfig
 
 from flower_app.app.client_checkpoint import snapshot_mod
 from flower_app.app.elision import PROCESS, PROCESS_ID, elision_mod
@@ -72,17 +73,42 @@ def _own_data(cfg, data_path: str) -> FederatedData:
 
 
 @functools.lru_cache(maxsize=16)
-def _worker_cache(experiment: str, overrides: str, label: str | None, data_path: str | None,
-                  state_dir: str | None = None, partition: int | None = None):
-    """Config, data tensors on the device, model and initial weights (per process and variant).
-    A deployed node keeps its data caches on its own disk (its ``state-dir``/cache, else its
-    user's ``~/.cache/flrep``), not under the run config's ``data.cache_dir``; one given a
-    ``partition`` (a deployed node without ``data-path``) reads only that client's data from its
-    partition cache (:mod:`task.data.partition_cache`)."""
+def _variant_config(experiment: str, overrides: str, label: str | None, state_dir: str | None) -> DictConfig:
+    """The merged config of a run variant. A deployed node keeps its data caches on its own disk (its
+    ``state-dir``/cache, else its user's ``~/.cache/flrep``), not under the run config's ``data.cache_dir``."""
     cfg = run_config_of({"experiment": experiment, "overrides": overrides}, label)
     if not in_simulation():
         cfg = copy.deepcopy(cfg)
         cfg.data.cache_dir = str(Path(state_dir).expanduser() / "cache" if state_dir else NODE_CACHE.expanduser())
+    return cfg
+
+
+_models: dict[tuple, tuple] = {}
+
+
+def _variant_model(variant: tuple, cfg: DictConfig, bundle, device: torch.device,
+                   data: list[TensorData]) -> tuple:
+    """The model of a run variant on ``device``, its head groups and its initial weights: built once per
+    variant (and input shape and classes), whichever partitions this process serves; ``data`` is given
+    the model's memory layout (:func:`fast_layout`)."""
+    key = (*variant, tuple(bundle.input_shape), int(bundle.num_classes))
+    if key in _models:
+        fast_layout(_models[key][0], data)
+        return _models[key]
+    model = initial_model(cfg, bundle).to(device)
+    fast_layout(model, data)  # before the initial weights are taken: they keep the model's layout
+    _models[key] = model, head_groups(cfg, model), {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return _models[key]
+
+
+@functools.cache
+def _worker_cache(experiment: str, overrides: str, label: str | None, data_path: str | None,
+                  state_dir: str | None = None, partition: int | None = None):
+    """Config, data tensors on the device, model and initial weights (per process, variant and data).
+    A node given a ``partition`` (a deployed node without ``data-path``, or a node of ``flwr run``'s
+    simulation) reads only that client's data from its partition cache (:mod:`task.data.partition_cache`):
+    a process serving many such nodes keeps an entry for each, all sharing their variant's config and model."""
+    cfg = _variant_config(experiment, overrides, label, state_dir)
     torch.set_num_threads(max(1, int(cfg.simulation.client_cpus)))
     device = pick_device(cfg)
     if data_path:
@@ -93,10 +119,8 @@ def _worker_cache(experiment: str, overrides: str, label: str | None, data_path:
         fed = build_federated_data(cfg.data, int(cfg.seed))
     # a node's own data or partition belongs to this cache entry alone
     train, test = _tensors(fed.bundle, device) if data_path or partition is not None else _data_on_device(fed, device)
-    model = initial_model(cfg, fed.bundle).to(device)
-    fast_layout(model, [train, test])
-    head = head_groups(cfg, model)
-    initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    model, head, initial = _variant_model((experiment, overrides, label, state_dir), cfg, fed.bundle, device,
+                                          [train, test])
     return cfg, fed, train, test, model, head, initial, device
 
 
