@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from task.learning.engine import OptimizerConfig, TensorData, train
+from task.learning.engine import OptimizerConfig, TensorData, seed_global_generators, train
 from task.learning.heads import train_head_on_features
 from task.learning.inference import evaluate
 from task.learning.models import build_model
@@ -276,3 +276,10 @@ def test_a_bf16_context_around_a_whole_training_loop_trains_as_per_step_autocast
             sgd.step()
     for key, value in reference.state_dict().items():
         torch.testing.assert_close(model.state_dict()[key], value, rtol=0, atol=0)
+
+
+def test_seeding_the_global_generators_on_a_cpu_draws_as_torch_manual_seed():
+    seed_global_generators(7, torch.device("cpu"))
+    ours = torch.rand(5), torch.nn.functional.dropout(torch.ones(8), 0.5)
+    torch.manual_seed(7)
+    assert torch.equal(ours[0], torch.rand(5)) and torch.equal(ours[1], torch.nn.functional.dropout(torch.ones(8), 0.5))

@@ -32,7 +32,7 @@ from protocols import PROTOCOLS
 from strategies import ALGORITHMS
 from strategies.common import ARRAYS, ClientRuntime, reply, round_config
 from strategies.state_store import NODE_CACHE, in_simulation, on_cluster
-from task.learning.engine import TensorData, derived_seed, fast_layout, precision
+from task.learning.engine import TensorData, derived_seed, fast_layout, precision, seed_global_generators
 from task.learning.fairness import attribute_matrix
 from task.errors import ConfigError
 from task.data.datasets.images import ImageArray
@@ -209,7 +209,8 @@ def _route(msg: Message, context: Context) -> Message:
     # dropout draws from torch's global generators: seed them from (seed, round, client, message
     # type), as the shuffling generators, so a run repeats exactly whichever process serves a client
     server_round = int(round_config(msg.content).get("server-round", 0))
-    torch.manual_seed(derived_seed(int(rt.cfg.seed), server_round, rt.partition_id, zlib.crc32(kind.encode())))
+    seed_global_generators(derived_seed(int(rt.cfg.seed), server_round, rt.partition_id, zlib.crc32(kind.encode())),
+                           rt.device)
     ready = time.perf_counter()
     with precision(str(rt.cfg.train.precision), rt.device):
         content = handler(rt, msg.content)

@@ -290,6 +290,16 @@ def derived_seed(*parts: int) -> int:
     return int(np.random.SeedSequence([int(p) & 0xFFFFFFFF for p in parts]).generate_state(1)[0])
 
 
+def seed_global_generators(seed: int, device: torch.device) -> None:
+    """Seed the global generators that work on ``device`` draws from (dropout): on a CPU the CPU's
+    alone, elsewhere every one of torch's (``torch.manual_seed``; on a CPU run it would also queue a
+    seed for CUDA, at the cost of a stack trace per call)."""
+    if device.type == "cpu":
+        torch.default_generator.manual_seed(seed)
+    else:
+        torch.manual_seed(seed)
+
+
 def seeded_generator(*parts: int) -> torch.Generator:
     """A CPU generator whose seed is a deterministic function of integer ``parts``."""
     return torch.Generator().manual_seed(derived_seed(*parts))
