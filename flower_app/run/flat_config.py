@@ -13,6 +13,7 @@ string (``compare='[]'``). Regenerate the block after changing ``conf/base.yaml`
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import shlex
 from collections.abc import Iterator, Mapping
@@ -55,8 +56,14 @@ def declared_block(base: Path = BASE) -> str:
 def overrides_of(run_config: Mapping) -> str:
     """A Flower run-config's overrides as one ``key=value`` string: its ``overrides``, then each
     flat key given a value (booleans as ``true``/``false``, strings as written)."""
-    items = shlex.split(str(run_config.get("overrides", "")))
-    for key, value in run_config.items():
+    return _overrides(tuple(run_config.items()))
+
+
+@functools.lru_cache(maxsize=64)
+def _overrides(run_config: tuple) -> str:
+    """:func:`overrides_of` of a run-config's items (parsed once per process: every message asks)."""
+    items = shlex.split(str(dict(run_config).get("overrides", "")))
+    for key, value in run_config:
         if key in OWN_KEYS or value == UNSET:
             continue
         text = str(value).lower() if isinstance(value, bool) else str(value)
