@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from flower_app.tools.certs import load_deployment_keys, make_deployment_keys
+from flower_app.app.checkpoint import SERVER_FILE
 from flower_app.tools.deploy import LocalDeployment, free_port, wait_for_port
 from task.errors import ConfigError
 from tests.terminal_signals import as_in_a_terminal
@@ -46,11 +47,13 @@ def _start_nodes(deployment: LocalDeployment, nodes: int) -> None:
 
 
 def _run_in_background_until_round_one_ends(deployment: LocalDeployment, overrides: list[str], out) -> threading.Thread:
-    """Start the run on a thread and return once round 1 was evaluated (the run goes on)."""
+    """Start the run on a thread and return once round 1 was evaluated and its checkpoint written (the run
+    goes on): the checkpoint comes after the round's records, and a run stopped between them has none to resume."""
     runner = threading.Thread(target=deployment.run, args=("quickstart", overrides), kwargs={"timeout_s": 900})
     runner.start()
     deadline = time.monotonic() + 600  # a bound for a stuck run only: a loaded 2-core machine may take minutes
-    while not any(r["phase"] == "eval" and r["round"] == 1 for r in _records(out)):
+    while not (any(r["phase"] == "eval" and r["round"] == 1 for r in _records(out))
+               and (out / "checkpoint" / SERVER_FILE).is_file()):
         if time.monotonic() > deadline or not runner.is_alive():
             pytest.fail(f"round 1 was not evaluated (run alive: {runner.is_alive()}); records: {_records(out)}")
         time.sleep(0.2)
