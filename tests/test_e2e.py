@@ -86,6 +86,36 @@ def test_local_only_runs_without_a_global_model(tmp_path):
     assert summary["new_test_accuracy"] == pytest.approx(0.3622, abs=0.01)
 
 
+def test_a_run_starts_its_own_ray_where_ray_start_left_the_address_of_a_gone_cluster():
+    """``ray start`` writes its cluster's address to Ray's temp folder and a killed cluster leaves it
+    there; ``ray.init()`` joins that address, so a run without ``simulation.ray_address`` used to
+    wait for ever on a cluster that is gone."""
+    import os
+    import shutil
+    import socket
+    import tempfile
+    from pathlib import Path
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        gone = f"127.0.0.1:{s.getsockname()[1]}"
+    ray_tmp = Path(tempfile.mkdtemp(prefix="flrep-rt-", dir="/tmp"))  # short: Ray's socket paths have a length limit
+    try:
+        (ray_tmp / "ray").mkdir()
+        (ray_tmp / "ray" / "ray_current_cluster").write_text(gone)
+        out = ray_tmp / "run"
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        proc = subprocess.run([sys.executable, "-m", "flower_app.cli", "run", "quickstart", "algorithm=local_only",
+                               "local_only.clients=all", "rounds=2", "compare=[]",
+                               "wandb.enabled=false", "--out", str(out)], env=dict(env, RAY_TMPDIR=str(ray_tmp)),
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert json.loads((out / "summary.json").read_text())["status"] == "completed"
+        assert "Failed to connect to GCS" not in proc.stderr
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
 def test_a_crashing_server_app_exits_non_zero(tmp_path):
     out = tmp_path / "run"
     out.mkdir()

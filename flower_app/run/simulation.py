@@ -102,7 +102,11 @@ def engine_init_args() -> dict[str, object]:
 
 def _start_ray(init_args: dict[str, object]) -> None:
     """Start Ray as Flower's backend would (which then uses it), each process Ray starts (GCS,
-    raylet, agents; the raylet's workers join the raylet's) in a process group of its own."""
+    raylet, agents; the raylet's workers join the raylet's) in a process group of its own.
+
+    A Ray of this process's own (``address="local"``), even where ``ray start`` left the address of
+    its cluster in Ray's temp folder: Ray would join that cluster, and wait for ever on one that is
+    gone. A ``RAY_ADDRESS`` in the environment still names the Ray to join."""
     import ray
     from ray._private import services
 
@@ -113,7 +117,8 @@ def _start_ray(init_args: dict[str, object]) -> None:
     popen = services.ConsolePopen
     services.ConsolePopen = functools.partial(popen, process_group=0)
     try:
-        ray.init(runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}, include_dashboard=False, **init_args)
+        ray.init(address="local", runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}, include_dashboard=False,
+                 **init_args)
     finally:
         services.ConsolePopen = popen
 
