@@ -626,7 +626,12 @@ def test_sigterm_stops_the_running_cell_and_leaves_no_process(tmp_path):
         time.sleep(0.2)
     assert proc.poll() is None, f"flrep reproduce exited {proc.returncode}: {proc.stderr.read()}"
     descendants = parent.children(recursive=True)
-    assert len(descendants) >= 3, "the cell's flrep run never started its engine"
+    if len(descendants) < 3:  # stop it, and say what the run printed
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+        log = tmp_path / "out" / "runs" / "lg_iid" / "seed0.log"
+        pytest.fail("the cell's flrep run never started its engine; its log ends:\n"
+                    + (log.read_text()[-3000:] if log.exists() else f"(no {log})"))
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=120) == 143
     assert "interrupted by SIGTERM during lg_iid/seed0" in proc.stderr.read()
