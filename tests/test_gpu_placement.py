@@ -43,7 +43,7 @@ def test_client_gpus_zero_on_a_gpu_machine_spreads_and_an_explicit_share_is_kept
 #: Ray with 16 CPUs and 4 pretend GPUs; 16 actors of the given share; the GPU ids each was given.
 PLACEMENT = """
 import json, sys, ray
-ray.init(num_cpus=16, num_gpus=4, include_dashboard=False, logging_level="ERROR")
+ray.init(address="local", num_cpus=16, num_gpus=4, include_dashboard=False, logging_level="ERROR")
 share = float(sys.argv[1])
 @ray.remote(num_cpus=1, num_gpus=share)
 class ClientApp:
