@@ -1,14 +1,19 @@
 """End-to-end runs of the Flower app in the simulation engine through the `flrep` command."""
 
 import json
+import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
+from flower_app.tools.deploy import free_port
 from tests.terminal_signals import as_in_a_terminal
 
 SUMMARY_KEYS = {
@@ -90,15 +95,7 @@ def test_a_run_starts_its_own_ray_where_ray_start_left_the_address_of_a_gone_clu
     """``ray start`` writes its cluster's address to Ray's temp folder and a killed cluster leaves it
     there; ``ray.init()`` joins that address, so a run without ``simulation.ray_address`` used to
     wait for ever on a cluster that is gone."""
-    import os
-    import shutil
-    import socket
-    import tempfile
-    from pathlib import Path
-
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        gone = f"127.0.0.1:{s.getsockname()[1]}"
+    gone = f"127.0.0.1:{free_port()}"
     ray_tmp = Path(tempfile.mkdtemp(prefix="flrep-rt-", dir="/tmp"))  # short: Ray's socket paths have a length limit
     try:
         (ray_tmp / "ray").mkdir()
