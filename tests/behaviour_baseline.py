@@ -14,8 +14,12 @@ may span such commits; flower_app/reproduction/code_versions.py):
 
 Timings (elapsed and wall seconds, eNTK speeds) are left out of the comparison; every other
 value of every ``metrics.jsonl`` record and of ``summary.json`` must be equal: numbers within a
-relative 1e-4 (another CPU may sum in another order: small training losses then differ by up to
-2e-6; a changed behaviour moves them far more), everything else exactly.
+relative 1e-4, everything else exactly.
+
+The script runs every case on the portable x86 kernels (``KERNELS``: ATen's default kernels, MKL's
+COMPATIBLE branch, oneDNN's SSE4.1 code), which give the same sums on every x86 CPU. With each CPU's
+own kernels, records made on one machine failed on another: two cases moved by more than 1e-4
+(``l2gd``'s loss after a near-divergent round, ``cnn-crop_flip``'s accuracy on 20 test samples).
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 SHARED_DATASETS = ROOT.parent / "shared" / "datasets"
+#: the kernels every case runs on: the same sums on every x86 CPU (set before torch is imported)
+KERNELS = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "SSE41"}
 if SHARED_DATASETS.is_dir():  # the data home of the recorded cases (docs/data.md)
     os.environ.setdefault("FLREP_DATA", str(SHARED_DATASETS))
 
@@ -129,7 +135,12 @@ def main(argv: list[str]) -> int:
         return 2
     mode, folder = argv[0], Path(argv[1])
     names = argv[2:] or list(CASES)
+    unknown = sorted(set(names) - set(CASES))
+    if unknown:
+        print(f"{mode}: no case {', '.join(unknown)}; the cases are {', '.join(CASES)}")
+        return 2
     folder.mkdir(parents=True, exist_ok=True)
+    print(f"kernels: {kernels()}", flush=True)
     failed = []
     for name in names:
         experiment, overrides = CASES[name]
@@ -259,8 +270,16 @@ def output_digests(outputs: dict[str, dict]) -> dict[str, str]:
             for name, out in outputs.items() if "result" in out}
 
 
+def kernels() -> str:
+    """The CPU kernels torch runs in this process: ATen's, and the MKL and oneDNN settings."""
+    import torch
+
+    return (f"ATen {torch.backends.cpu.get_cpu_capability()}, MKL_CBWR={os.environ.get('MKL_CBWR', 'unset')}, "
+            f"ONEDNN_MAX_CPU_ISA={os.environ.get('ONEDNN_MAX_CPU_ISA', 'unset')}")
+
+
 def machine() -> str:
-    """The CPU model and torch version: numbers compare exactly only on one machine."""
+    """The CPU model, torch version and kernels: numbers compare exactly only on one machine."""
     import platform
 
     import torch
@@ -268,7 +287,7 @@ def machine() -> str:
     info = Path("/proc/cpuinfo")
     models = [line.split(":", 1)[1].strip() for line in (info.read_text().splitlines() if info.is_file() else [])
               if line.startswith("model name")]
-    return f"{models[0] if models else platform.processor()}, torch {torch.__version__}"
+    return f"{models[0] if models else platform.processor()}, torch {torch.__version__}, {kernels()}"
 
 
 def same_numbers(args: list[str]) -> int:
@@ -352,4 +371,5 @@ def _write_record(record: dict) -> None:
 
 
 if __name__ == "__main__":
+    os.environ.update(KERNELS)  # before torch is imported; a commit's child process of same-numbers inherits them
     sys.exit(main(sys.argv[1:]))

@@ -5,7 +5,10 @@ metrics recorded in docs/behaviour-baseline/quickstart.json (numbers within a re
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 from tests.behaviour_baseline import CASES, run_case, same
@@ -31,3 +34,13 @@ def test_the_readme_prints_the_recorded_quickstart_figures():
     printed = dict(re.findall(r"(FedRep|FedAvg) (0\.\d{4})", readme.split("personalized accuracy:", 1)[1][:80]))
     assert printed == {name: f"{recorded[name.lower()]['summary']['personalized_accuracy']:.4f}"
                        for name in ("FedRep", "FedAvg")}
+
+
+def test_the_golden_check_runs_on_the_portable_kernels_and_passes():
+    """The script pins the x86 kernels before torch loads (the same sums on every x86 CPU), says so, and
+    ``l2gd`` (a case that moved by more than 1e-4 between two CPUs' own kernels) gives its record."""
+    env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")}
+    done = subprocess.run([sys.executable, "tests/behaviour_baseline.py", "check", "docs/behaviour-baseline", "l2gd"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert "kernels: ATen DEFAULT, MKL_CBWR=COMPATIBLE, ONEDNN_MAX_CPU_ISA=SSE41" in done.stdout, done.stdout + done.stderr
+    assert "same     l2gd" in done.stdout and done.returncode == 0, done.stdout + done.stderr[-3000:]
