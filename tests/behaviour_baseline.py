@@ -127,6 +127,12 @@ def run_case(experiment: str, overrides: str, out: Path) -> dict:
     return result
 
 
+def unknown_cases(names: list[str]) -> str | None:
+    """What is wrong with ``names`` when some are not cases; None when all are."""
+    unknown = sorted(set(names) - set(CASES))
+    return f"no case {', '.join(unknown)}; the cases are {', '.join(CASES)}" if unknown else None
+
+
 def main(argv: list[str]) -> int:
     if argv and argv[0] == "same-numbers":
         return same_numbers(argv[1:])
@@ -135,9 +141,8 @@ def main(argv: list[str]) -> int:
         return 2
     mode, folder = argv[0], Path(argv[1])
     names = argv[2:] or list(CASES)
-    unknown = sorted(set(names) - set(CASES))
-    if unknown:
-        print(f"{mode}: no case {', '.join(unknown)}; the cases are {', '.join(CASES)}")
+    if unknown := unknown_cases(names):
+        print(f"{mode}: {unknown}")
         return 2
     folder.mkdir(parents=True, exist_ok=True)
     print(f"kernels: {kernels()}", flush=True)
@@ -307,9 +312,8 @@ def same_numbers(args: list[str]) -> int:
     if args and args[0] == "--cases":
         names = args[1].split(",")
         args = args[2:]
-        unknown = sorted(set(names) - set(CASES))
-        if unknown:
-            print(f"same-numbers --cases: no case {', '.join(unknown)}; the cases are {', '.join(CASES)}")
+        if unknown := unknown_cases(names):
+            print(f"same-numbers --cases: {unknown}")
             return 2
     code = code_hashes(app_modules(ROOT), text)
     record = load(text)

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.behaviour_baseline import CASES, run_case, same
+from tests.behaviour_baseline import CASES, KERNELS, run_case, same
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDED = ROOT / "docs" / "behaviour-baseline" / "quickstart.json"
@@ -39,7 +39,7 @@ def test_the_readme_prints_the_recorded_quickstart_figures():
 def test_the_golden_check_runs_on_the_portable_kernels_and_passes():
     """The script pins the x86 kernels before torch loads (the same sums on every x86 CPU), says so, and
     ``l2gd`` (a case that moved by more than 1e-4 between two CPUs' own kernels) gives its record."""
-    env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")}
+    env = {k: v for k, v in os.environ.items() if k not in KERNELS}
     done = subprocess.run([sys.executable, "tests/behaviour_baseline.py", "check", "docs/behaviour-baseline", "l2gd"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert "kernels: ATen DEFAULT, MKL_CBWR=COMPATIBLE, ONEDNN_MAX_CPU_ISA=SSE41" in done.stdout, done.stdout + done.stderr
