@@ -690,7 +690,8 @@ def test_a_running_cell_reports_its_rounds_and_eta(tmp_path, capsys, monkeypatch
         log.write("$ an earlier part's line: [flrep] round 9/9 | ETA 1.0s\n")
         assert rep.run_child([sys.executable, "-c", script], log) == 0
     said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[reproduce]   ")]
-    assert said == ["[reproduce]   round 1/2, ETA 5.0s", "[reproduce]   round 2/2, ETA 0.0s"]
+    run = f"{tmp_path.name}/seed0"  # the log's folder and name: which run, when several go side by side
+    assert said == [f"[reproduce]   {run}: round 1/2, ETA 5.0s", f"[reproduce]   {run}: round 2/2, ETA 0.0s"]
 
 
 def test_a_resumed_run_is_estimated_at_what_its_checkpoint_has_not_spent(tiny, tmp_path, capsys, monkeypatch):

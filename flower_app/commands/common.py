@@ -18,6 +18,11 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
 
 
+#: ``--jobs`` of ``flrep reproduce`` and ``flrep tune``.
+JOBS_HELP = ("runs side by side, each its own flrep run (default 1). One run already spreads its clients over the "
+             "CPU cores; side by side suits a GPU (with --set simulation.client_gpus=SHARE)")
+
+
 def config_error(err: Exception) -> int:
     """Print ``err`` as flrep's configuration error; exit code 2."""
     print(f"flrep: configuration error: {err}", file=sys.stderr)

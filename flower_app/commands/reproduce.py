@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from flower_app.run.stop_signals import Stopped
-from flower_app.commands.common import config_error
+from flower_app.commands.common import JOBS_HELP, config_error, positive_int
 from task.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -51,10 +51,10 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         out = Path(args.out).expanduser().resolve()
         again = ["reproduce", args.table, "--scale", args.scale, "--seeds", *map(str, args.seeds), "--out", str(out),
                  *(["--only", *args.only] if args.only else []), *(["--set", *args.set] if args.set else []),
-                 *(["--retry-failed"] if args.retry_failed else [])]
+                 *(["--retry-failed"] if args.retry_failed else []), *(["--jobs", str(args.jobs)] if args.jobs != 1 else [])]
         try:
             return reproduce(load_table(args.table), args.scale, list(args.seeds), args.only, out, args.set or [],
-                             args.retry_failed)
+                             args.retry_failed, args.jobs)
         except AppChanged as changed:
             print(f"[reproduce] {changed}; starting the same command again with the new app", flush=True)
             sys.stderr.flush()
@@ -100,6 +100,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     rep.add_argument("--set", nargs="+", metavar="KEY=VALUE",
                      help="machine settings for every run (simulation.*, client_state.*, wandb.*), "
                           "e.g. simulation.client_gpus=0.1 on a GPU")
+    rep.add_argument("--jobs", type=positive_int, default=1, metavar="N", help=JOBS_HELP)
     rep.add_argument("--retry-failed", action="store_true",
                      help="move failed runs aside and run them again from the start (default: keep them)")
     rep.add_argument("--list", action="store_true",

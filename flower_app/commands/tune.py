@@ -7,7 +7,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from flower_app.commands.common import config_error
+from flower_app.commands.common import JOBS_HELP, config_error, positive_int
 from flower_app.run.stop_signals import Stopped
 from task.errors import ConfigError
 
@@ -18,10 +18,10 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
     out = Path(args.out).expanduser().resolve()
     try:
-        return tune(load_table(args.table), args.cell, args.scale, out, args.set or [])
+        return tune(load_table(args.table), args.cell, args.scale, out, args.set or [], args.jobs)
     except Stopped as stop:
         again = ["flrep", "tune", args.table, args.cell, "--scale", args.scale, "--out", str(out),
-                 *(["--set", *args.set] if args.set else [])]
+                 *(["--set", *args.set] if args.set else []), *(["--jobs", str(args.jobs)] if args.jobs != 1 else [])]
         print(f"[tune] continue it with:\n  {shlex.join(again)}", file=sys.stderr)
         return stop.exit_code
     except ConfigError as err:
@@ -39,4 +39,5 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                       help="paper: the paper's setting; cpu: the table's declared reduction (default)")
     tune.add_argument("--set", nargs="+", metavar="KEY=VALUE",
                       help="machine settings for every run (simulation.*, client_state.*, wandb.*)")
+    tune.add_argument("--jobs", type=positive_int, default=1, metavar="N", help=JOBS_HELP)
     tune.set_defaults(func=_cmd_tune)

@@ -20,11 +20,13 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TextIO
 
 from flower_app.app import checkpoint
 from flower_app.run import run_dir, run_lock
 from flower_app.run.run_dir import read_summary, write_atomic
 from flower_app.run.stop_signals import Stopped, stopping_on_signals
+from flower_app.reproduction import side_by_side
 from flower_app.reproduction.child_rounds import report_rounds
 from flower_app.reproduction.report import claim_results, failed_seeds, markdown, rows, table_csv
 from flower_app.reproduction.table_model import Cell, Table
@@ -32,6 +34,30 @@ from task.errors import ConfigError
 
 MANIFEST = "reproduce.json"
 MACHINE_SECTIONS = ("simulation", "client_state", "wandb")  # settings that place a run, never change its numbers
+
+
+@dataclass
+class _Started:
+    """A run of the table started by this command: its job, command, record and log."""
+
+    job: Job
+    cmd: list[str]
+    part: dict
+    log: TextIO
+    t0: float
+
+
+class _Pace:
+    """Wall seconds spent per estimated minute of the runs that ended (1 minute a minute before any)."""
+
+    def __init__(self) -> None:
+        self.spent_s, self.estimated_min = 0.0, 0.0
+
+    def add(self, seconds: float, estimated_min: float) -> None:
+        self.spent_s, self.estimated_min = self.spent_s + seconds, self.estimated_min + estimated_min
+
+    def factor(self) -> float:
+        return self.spent_s / 60 / self.estimated_min if self.estimated_min > 0 else 1.0
 
 
 @dataclass(frozen=True)
@@ -176,38 +202,39 @@ def command(table: Table, scale: str, job: Job, folder: Path, settings: list[str
 
 
 def reproduce(table: Table, scale: str, seeds: list[int], only: list[str] | None, out: Path,
-              settings: list[str] = (), retry_failed: bool = False) -> int:
+              settings: list[str] = (), retry_failed: bool = False, jobs: int = 1) -> int:
     """Run the table's missing runs and write its report; the exit code (1 if a run failed, now
-    or before). ``settings``: machine-only overrides (``--set``) added to every run.
+    or before). ``settings``: machine-only overrides (``--set``) added to every run. ``jobs``: how
+    many runs go side by side (:mod:`~flower_app.reproduction.side_by_side`).
     ``retry_failed``: move failed runs aside and run them again from the start (otherwise they
     are kept: resuming a diverged run diverges again). A stop signal during a run records it as
     interrupted, then :class:`Stopped` goes on."""
-    jobs = plan(table, seeds, only, out)
-    check(table, scale, jobs, out, settings)
+    planned = plan(table, seeds, only, out)
+    check(table, scale, planned, out, settings)
     with run_lock.hold(out):  # one command per table folder (each run locks its own folder)
-        return _run_jobs(table, scale, jobs, out, settings, retry_failed)
+        return _run_jobs(table, scale, planned, out, settings, retry_failed, jobs)
 
 
-def _run_jobs(table: Table, scale: str, jobs: list[Job], out: Path, settings: list[str],
-              retry_failed: bool) -> int:
+def _run_jobs(table: Table, scale: str, planned: list[Job], out: Path, settings: list[str],
+              retry_failed: bool, jobs: int) -> int:
     """:func:`reproduce` once its checks passed and it owns ``out``."""
     from flower_app.tools.bench_round import commit, machine
 
     manifest = load_manifest(out) or {"table": table.name, "scale": scale, "runs": {}}
     here = {"machine": machine()}
-    for job in jobs:  # a run made with other settings, or by an older revision of the table, is kept aside
+    for job in planned:  # a run made with other settings, or by an older revision of the table, is kept aside
         why = stale_reason(table, scale, job, run_folder(out, job), manifest)
         if why:
             moved = run_dir.move_aside(run_folder(out, job))
             manifest["runs"].pop(job.key, None)
             print(f"[reproduce] {job.key} {why}: moved to {moved}, to run again", flush=True)
-    keys = {j.key for j in jobs}
+    keys = {j.key for j in planned}
     for key, why in missing_runs(table, out, manifest).items():
         if key in keys:
             print(f"[reproduce] {why}: it runs again", flush=True)
-    status = {j.key: (read_summary(run_folder(out, j)) or {}).get("status") for j in jobs}
+    status = {j.key: (read_summary(run_folder(out, j)) or {}).get("status") for j in planned}
     kept_failed = []  # failed runs are results: resuming a diverged run diverges again
-    for job in [j for j in jobs if status[j.key] == "failed"]:
+    for job in [j for j in planned if status[j.key] == "failed"]:
         if retry_failed:
             moved = run_dir.move_aside(run_folder(out, job))
             manifest["runs"].pop(job.key, None)
@@ -217,21 +244,23 @@ def _run_jobs(table: Table, scale: str, jobs: list[Job], out: Path, settings: li
             kept_failed.append(job.key)
             print(f"[reproduce] {job.key} failed earlier: kept (its log: {run_folder(out, job).parent}/"
                   f"seed{job.seed}.log); --retry-failed moves it aside and runs it again", flush=True)
-    todo = [j for j in jobs if status[j.key] not in ("completed", "failed")]
+    todo = [j for j in planned if status[j.key] not in ("completed", "failed")]
     # a checkpointed run resumes: only what its checkpoint has not yet spent of the cell's estimate is left
     expected = {j.key: max(j.cell.minutes.get(scale, 0) - checkpoint.elapsed_minutes(run_folder(out, j)), 0.0)
                 for j in todo}
-    print(f"[reproduce] {table.name} at scale {scale!r}: {len(jobs)} runs, "
-          f"{len(jobs) - len(todo) - len(kept_failed)} already completed, "
+    print(f"[reproduce] {table.name} at scale {scale!r}: {len(planned)} runs, "
+          f"{len(planned) - len(todo) - len(kept_failed)} already completed, "
           + (f"{len(kept_failed)} failed earlier, " if kept_failed else "") +
           f"{len(todo)} to run (estimated {_minutes(sum(expected.values()))})", flush=True)
-    failed, started, spent, estimated_done = list(kept_failed), time.monotonic(), 0.0, 0.0
-    for i, job in enumerate(todo):
+    failed, begun, pace = list(kept_failed), time.monotonic(), _Pace()
+    app_changed: list[str] = []
+
+    def start(i_job: tuple[int, Job]) -> _Started:
+        i, job = i_job
         folder = run_folder(out, job)
-        left = sum(expected[j.key] for j in todo[i:])
-        pace = spent / 60 / estimated_done if estimated_done > 0 else 1.0
+        left = sum(expected[j.key] for j in todo[i:]) / min(jobs, len(todo) - i)
         print(f"[reproduce] run {i + 1}/{len(todo)}: {job.key} ({job.cell.label}) | elapsed "
-              f"{_minutes((time.monotonic() - started) / 60)} | ETA {_minutes(left * pace)}", flush=True)
+              f"{_minutes((time.monotonic() - begun) / 60)} | ETA {_minutes(left * pace.factor())}", flush=True)
         cmd = command(table, scale, job, folder, settings)
         folder.parent.mkdir(parents=True, exist_ok=True)
         # every run left in the folder is of the table's revision now (older ones were moved aside):
@@ -244,36 +273,51 @@ def _run_jobs(table: Table, scale: str, jobs: list[Job], out: Path, settings: li
                 **({"earlier_parts": resumed} if resumed else {})}
         manifest["runs"][job.key] = {"status": "started", **part}
         _save_manifest(out, manifest)
-        t0 = time.monotonic()
-        with open(folder.parent / f"seed{job.seed}.log", "a") as log:
-            log.write(f"$ {' '.join(cmd)}\n")
-            log.flush()
-            try:
-                code = run_child(cmd, log)
-            except Stopped as stop:
-                manifest["runs"][job.key] = {"status": "interrupted", "wall_s": round(time.monotonic() - t0, 1), **part}
-                _save_manifest(out, manifest)
-                print(f"[reproduce] interrupted by {stop.name} during {job.key}", file=sys.stderr)
-                write_report(table, scale, out, manifest)
-                raise
-        seconds = time.monotonic() - t0
-        spent += seconds
-        estimated_done += expected[job.key]
+        log = open(folder.parent / f"seed{job.seed}.log", "a")
+        log.write(f"$ {' '.join(cmd)}\n")
+        log.flush()
+        return _Started(job, cmd, part, log, time.monotonic())
+
+    def run(started: _Started) -> int:
+        return run_child(started.cmd, started.log)
+
+    def finish(started: _Started, code: int) -> bool:
+        started.log.close()
+        job, seconds = started.job, time.monotonic() - started.t0
+        pace.add(seconds, expected[job.key])
+        folder = run_folder(out, job)
         summary = read_summary(folder)
         status = (summary or {}).get("status") if code == 0 else "failed"
         manifest["runs"][job.key] = {"status": status, "exit_code": code, "wall_s": round(seconds, 1),
-                                     **part, "date": _now(),
+                                     **started.part, "date": _now(),
                                      **({"source": summary["source"]} if (summary or {}).get("source") else {})}
         _save_manifest(out, manifest)
         if status != "completed":
             failed.append(job.key)
             print(f"[reproduce] {job.key} failed (exit {code}); its log: {folder.parent / f'seed{job.seed}.log'}",
                   file=sys.stderr, flush=True)
-        try:
-            write_report(table, scale, out, manifest)
-        except ConfigError as err:  # the run is recorded; this process's schema is older than the files
-            raise AppChanged(f"{job.key} is recorded as {status}, but the table could not be re-read ({err}): "
-                             "the app (conf/ or its code) changed while this command ran") from None
+        if not app_changed:
+            try:
+                write_report(table, scale, out, manifest)
+            except ConfigError as err:  # the run is recorded; this process's schema is older than the files
+                app_changed.append(f"{job.key} is recorded as {status}, but the table could not be re-read ({err}): "
+                                   "the app (conf/ or its code) changed while this command ran")
+        return not app_changed  # after a change of the app, the runs going end; none starts
+
+    def interrupted(started: _Started, why: str) -> None:
+        started.log.close()
+        manifest["runs"][started.job.key] = {"status": "interrupted",
+                                             "wall_s": round(time.monotonic() - started.t0, 1), **started.part}
+        _save_manifest(out, manifest)
+        print(f"[reproduce] interrupted by {why} during {started.job.key}", file=sys.stderr)
+
+    try:
+        side_by_side.run_all(enumerate(todo), jobs, start, run, finish, interrupted)
+    except Stopped:
+        write_report(table, scale, out, manifest)
+        raise
+    if app_changed:
+        raise AppChanged(app_changed[0])
     if not todo:
         write_report(table, scale, out, manifest)
     print(f"[reproduce] table in {out / 'table.md'}" + (f"; {len(failed)} runs failed: {', '.join(failed)}" if failed else ""))
@@ -304,6 +348,7 @@ def run_child(cmd: list[str], log) -> int:
     threading.Thread(target=report_rounds, args=(log.name, log.tell(), ended), daemon=True).start()
     with stopping_on_signals():
         child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        side_by_side.track(child)
         try:
             return child.wait()
         except Stopped as stop:
@@ -316,6 +361,7 @@ def run_child(cmd: list[str], log) -> int:
                     child.wait()
             raise
         finally:
+            side_by_side.untrack(child)
             ended.set()
 
 

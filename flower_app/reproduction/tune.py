@@ -16,19 +16,33 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 
 from flower_app.run import run_dir, run_lock
 from flower_app.run.run_dir import read_summary, write_atomic
+from flower_app.reproduction import side_by_side
 from flower_app.reproduction.runner import (TUNING, Job, check, command, load_manifest, run_child, stale_keys,
                                             write_report)
 from flower_app.reproduction.table_model import Cell, Table
 from task.errors import ConfigError
 
 METRIC = "validation_accuracy"
+
+
+@dataclass
+class _Started:
+    """A tuning run started by this command."""
+
+    key: str
+    folder: Path
+    cmd: list[str]
+    log: TextIO
+    t0: float
 
 
 def tuning_job(cell: Cell, value, seed: int) -> Job:
@@ -58,9 +72,9 @@ def choose(grid: tuple, means: dict[str, float | None]) -> object | None:
     return max(scored)[2] if scored else None
 
 
-def tune(table: Table, name: str, scale: str, out: Path, settings: list[str] = ()) -> int:
-    """Run ``table``'s cell ``name`` over its tuning grid and seeds in ``out`` and record the choice
-    in ``out/tuning/<cell>.json``; the exit code (1 when no value could be scored)."""
+def tune(table: Table, name: str, scale: str, out: Path, settings: list[str] = (), jobs: int = 1) -> int:
+    """Run ``table``'s cell ``name`` over its tuning grid and seeds in ``out`` (``jobs`` runs side by
+    side) and record the choice in ``out/tuning/<cell>.json``; the exit code (1 when no value could be scored)."""
     from flower_app.tools.bench_round import commit
 
     cell = tunable_cell(table, name)
@@ -69,30 +83,45 @@ def tune(table: Table, name: str, scale: str, out: Path, settings: list[str] = (
     check(table, scale, [job for _, _, job in grid], out, settings)
     with run_lock.hold(out):
         runs: dict[str, dict] = {}
-        scores: dict[str, dict[str, float | None]] = {json.dumps(v): {} for v in spec.grid}
-        for i, (value, seed, job) in enumerate(grid):
+        todo = []
+        for value, seed, job in grid:
             folder = tuning_folder(out, cell, value, seed)
             key = f"{spec.key}={json.dumps(value)}/seed{seed}"
-            summary = read_summary(folder) or {}
             differing = stale_keys(table, scale, job, folder)
             if differing:
                 moved = run_dir.move_aside(folder)
                 print(f"[tune] {key} was run with other values of {', '.join(differing[:6])}: moved to {moved}", flush=True)
-                summary = {}
-            record = {"status": summary.get("status")}
-            if summary.get("status") not in ("completed", "failed", "incomplete"):
-                print(f"[tune] run {i + 1}/{len(grid)}: {cell.name} {key}", flush=True)
-                cmd = command(table, scale, job, folder, settings)
-                folder.parent.mkdir(parents=True, exist_ok=True)
-                record = {"commit": commit(), "date": _now()}
-                t0 = time.monotonic()
-                with open(folder.parent / f"seed{seed}.log", "a") as log:
-                    log.write(f"$ {' '.join(cmd)}\n")
-                    log.flush()
-                    code = run_child(cmd, log)
-                summary = read_summary(folder) or {}
-                record.update(status=summary.get("status") if code == 0 else "failed", exit_code=code,
-                              wall_s=round(time.monotonic() - t0, 1))
+            status = (read_summary(folder) or {}).get("status")
+            runs[key] = {"status": status}
+            if status not in ("completed", "failed", "incomplete"):
+                todo.append((key, seed, job, folder))
+
+        def start(item: tuple[int, tuple]) -> _Started:
+            i, (key, seed, job, folder) = item
+            print(f"[tune] run {i + 1}/{len(todo)}: {cell.name} {key}", flush=True)
+            cmd = command(table, scale, job, folder, settings)
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            runs[key] = {"commit": commit(), "date": _now()}
+            log = open(folder.parent / f"seed{seed}.log", "a")
+            log.write(f"$ {' '.join(cmd)}\n")
+            log.flush()
+            return _Started(key, folder, cmd, log, time.monotonic())
+
+        def finish(started: _Started, code: int) -> bool:
+            started.log.close()
+            summary = read_summary(started.folder) or {}
+            runs[started.key].update(status=summary.get("status") if code == 0 else "failed", exit_code=code,
+                                     wall_s=round(time.monotonic() - started.t0, 1))
+            return True
+
+        side_by_side.run_all(enumerate(todo), jobs, start, lambda started: run_child(started.cmd, started.log), finish,
+                             lambda started, why: started.log.close())
+        scores: dict[str, dict[str, float | None]] = {json.dumps(v): {} for v in spec.grid}
+        for value, seed, _ in grid:
+            folder = tuning_folder(out, cell, value, seed)
+            key = f"{spec.key}={json.dumps(value)}/seed{seed}"
+            summary = read_summary(folder) or {}
+            record = runs[key]
             score = summary.get(METRIC) if record["status"] == "completed" else None
             if record["status"] == "completed" and score is None:
                 raise ConfigError(f"{folder}: the run reports no {METRIC}; algorithm {summary.get('algorithm')!r} "
