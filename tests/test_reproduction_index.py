@@ -394,6 +394,38 @@ def test_a_code_change_that_gives_every_cases_numbers_carries_the_record_over_an
     assert record_now()["commits"] == {} and record_now()["machine"] == "this cpu"
 
 
+def test_a_record_lacking_some_cases_numbers_runs_every_case_so_the_next_code_change_can_carry_it_over(
+        tmp_path, monkeypatch, capsys):
+    import tests.behaviour_baseline as baseline
+    (tmp_path / "task").mkdir()
+    (tmp_path / "task" / "x.py").write_text("code")
+    (tmp_path / code_versions.RECORD).parent.mkdir(parents=True)
+    monkeypatch.setattr(baseline, "ROOT", tmp_path)
+    monkeypatch.setattr(baseline, "CASES", {n: baseline.CASES[n] for n in ("fedavg", "lg_fair_adult")})
+    monkeypatch.setattr(baseline, "app_modules", lambda root: ["task/x.py"])
+    monkeypatch.setattr(baseline, "machine", lambda: "this cpu")
+    ran = []
+    monkeypatch.setattr(baseline, "outputs_in", lambda tree, cases: ran.append(sorted(cases)) or
+                        {n: {"result": {"a": 1.0}} for n in cases})
+    checked = {"abc1234": {"checked": "2026-12-01", "cases": {"fedavg": {"result": "same"}}}}
+    code = code_versions.code_hashes(["task/x.py"], Files(tmp_path).text)
+    incomplete = {"code": code, "commits": checked, "machine": "this cpu",
+                  "outputs": baseline.output_digests({"fedavg": {"result": {"a": 1.0}}})}  # lg_fair_adult's missing
+    (tmp_path / code_versions.RECORD).write_text(json.dumps(incomplete))
+    (tmp_path / "task" / "x.py").write_text("code, edited")
+    assert baseline.same_numbers([]) == 0  # it cannot carry over: nothing says what lg_fair_adult gave before
+    assert "the record lacks the numbers of lg_fair_adult on this machine: the record starts empty" in capsys.readouterr().out
+    (tmp_path / "task" / "x.py").write_text("code")
+    (tmp_path / code_versions.RECORD).write_text(json.dumps(incomplete))
+    ran.clear()
+    assert baseline.same_numbers(["--cases", "fedavg"]) == 0  # the code of the record: every case runs
+    assert ran == [["fedavg", "lg_fair_adult"]]
+    assert set(json.loads((tmp_path / code_versions.RECORD).read_text())["outputs"]) == {"fedavg", "lg_fair_adult"}
+    (tmp_path / "task" / "x.py").write_text("code, edited")
+    assert baseline.same_numbers([]) == 0
+    assert "its 1 commits carry over" in capsys.readouterr().out
+
+
 def test_a_commit_runs_the_cases_of_now_with_its_own_code(monkeypatch):
     import tests.behaviour_baseline as baseline
     monkeypatch.setattr(baseline, "CASES", {"fedavg": baseline.CASES["fedavg"],
