@@ -356,16 +356,23 @@ def test_same_numbers_on_chosen_cases_rechecks_them_and_keeps_the_others(tmp_pat
     assert entry["checked"] == "2026-12-01" and cases["lg_fair_adult"]["checked"] == date.today().isoformat()
 
 
-def test_a_code_change_that_gives_every_cases_numbers_carries_the_record_over_and_any_other_empties_it(
-        tmp_path, monkeypatch, capsys):
+@pytest.fixture
+def one_module_tree(tmp_path, monkeypatch):
+    """``tests.behaviour_baseline`` on a tree whose app is the one module ``task/x.py``, on "this cpu"."""
     import tests.behaviour_baseline as baseline
     (tmp_path / "task").mkdir()
     (tmp_path / "task" / "x.py").write_text("code")
     (tmp_path / code_versions.RECORD).parent.mkdir(parents=True)
     monkeypatch.setattr(baseline, "ROOT", tmp_path)
-    monkeypatch.setattr(baseline, "CASES", {"fedavg": baseline.CASES["fedavg"]})
     monkeypatch.setattr(baseline, "app_modules", lambda root: ["task/x.py"])
     monkeypatch.setattr(baseline, "machine", lambda: "this cpu")
+    return baseline
+
+
+def test_a_code_change_that_gives_every_cases_numbers_carries_the_record_over_and_any_other_empties_it(
+        one_module_tree, tmp_path, monkeypatch, capsys):
+    baseline = one_module_tree
+    monkeypatch.setattr(baseline, "CASES", {"fedavg": baseline.CASES["fedavg"]})
     numbers = {"a": 1.0}
     monkeypatch.setattr(baseline, "outputs_in", lambda tree, cases: {n: {"result": dict(numbers)} for n in cases})
     checked = {"abc1234": {"checked": "2026-12-01", "cases": {"fedavg": {"result": "same"}}}}
@@ -395,15 +402,9 @@ def test_a_code_change_that_gives_every_cases_numbers_carries_the_record_over_an
 
 
 def test_a_record_lacking_some_cases_numbers_runs_every_case_so_the_next_code_change_can_carry_it_over(
-        tmp_path, monkeypatch, capsys):
-    import tests.behaviour_baseline as baseline
-    (tmp_path / "task").mkdir()
-    (tmp_path / "task" / "x.py").write_text("code")
-    (tmp_path / code_versions.RECORD).parent.mkdir(parents=True)
-    monkeypatch.setattr(baseline, "ROOT", tmp_path)
+        one_module_tree, tmp_path, monkeypatch, capsys):
+    baseline = one_module_tree
     monkeypatch.setattr(baseline, "CASES", {n: baseline.CASES[n] for n in ("fedavg", "lg_fair_adult")})
-    monkeypatch.setattr(baseline, "app_modules", lambda root: ["task/x.py"])
-    monkeypatch.setattr(baseline, "machine", lambda: "this cpu")
     ran = []
     monkeypatch.setattr(baseline, "outputs_in", lambda tree, cases: ran.append(sorted(cases)) or
                         {n: {"result": {"a": 1.0}} for n in cases})

@@ -15,36 +15,11 @@ from pathlib import Path
 import pytest
 
 from flower_app.cli import main as flrep
-from flower_app.reproduction import tables
 from flower_app.reproduction.runner import reproduce
 from flower_app.reproduction.tables import load_table
+from tests import test_reproduce, test_tune
 
-TINY = """
-title: Tiny table
-source: nowhere, Table 0
-columns:
-  acc: {key: personalized_accuracy, label: accuracy, percent: true}
-scales:
-  paper: {note: the setting, overrides: []}
-  cpu: {note: fewer rounds, overrides: [rounds=2]}
-numbers:
-  a_acc: {value: 50.0, what: A accuracy, not_attempted: "a test"}
-cells:
-  a: {label: A, experiment: quickstart, overrides: [algorithm=fedavg], paper: {acc: a_acc}, minutes: {cpu: 0.3}}
-  t: {label: T, experiment: quickstart, overrides: [algorithm=fedprox], tune: {key: fedprox.mu, grid: [0.01, 0.1, 1.0]}}
-"""
-
-
-@pytest.fixture
-def tiny(tmp_path, monkeypatch):
-    folder = tmp_path / "tables"
-    folder.mkdir()
-    (folder / "tiny.yaml").write_text(TINY)
-    monkeypatch.setattr(tables, "TABLES_DIR", folder)
-    from flower_app.tools import bench_round
-
-    monkeypatch.setattr(bench_round, "commit", lambda: "abc1234")  # a clean commit, whatever the checkout's state
-    return folder
+tiny, tuned = test_reproduce.tiny, test_tune.tuned  # the fixtures of the small tables these tests run
 
 
 def _out_folder(cmd: list[str]) -> Path:
@@ -69,7 +44,7 @@ class FakeRuns:
         failing = self.fail is not None and str(folder).endswith(self.fail)
         accuracy = 0.5 + 0.01 * int(folder.name[-1]) if folder.name[-1].isdigit() else 0.5
         summary = {"status": "failed" if failing else "completed", "personalized_accuracy": accuracy,
-                   "validation_accuracy": 0.6 if folder.parent.name.endswith("=0.1") else 0.4}
+                   "validation_accuracy": 0.6 if folder.parent.name.endswith("=0.5") else 0.4}
         (folder / "summary.json").write_text(json.dumps(summary))
         with self.lock:
             self.going -= 1
@@ -94,7 +69,7 @@ def test_reproduce_keeps_n_runs_going_and_records_each_as_it_ends(tiny, tmp_path
     assert "run 4/4: a/seed3" in said.out and "a/seed1 failed (exit 1)" in said.err
 
 
-def test_tune_runs_its_grid_side_by_side_and_chooses_as_one_at_a_time(tiny, tmp_path, monkeypatch):
+def test_tune_runs_its_grid_side_by_side_and_chooses_as_one_at_a_time(tuned, tmp_path, monkeypatch):
     from flower_app.reproduction import runner as rep
     from flower_app.reproduction import tune as tuning
 
@@ -102,10 +77,10 @@ def test_tune_runs_its_grid_side_by_side_and_chooses_as_one_at_a_time(tiny, tmp_
     monkeypatch.setattr(rep, "run_child", runs)
     monkeypatch.setattr(tuning, "run_child", runs)
     out = tmp_path / "out"
-    assert flrep(["tune", "tiny", "t", "--out", str(out), "--jobs", "3"]) == 0
-    assert runs.most == 3
-    record = json.loads((out / "tuning" / "t.json").read_text())
-    assert record["choice"] == 0.1 and record["mean"] == {"0.01": 0.4, "0.1": 0.6, "1.0": 0.4}
+    assert flrep(["tune", "tiny", "a", "--out", str(out), "--jobs", "2"]) == 0
+    assert runs.most == 2
+    record = json.loads((out / "tuning" / "a.json").read_text())
+    assert record["choice"] == 0.5 and record["mean"] == {"0.05": 0.4, "0.5": 0.6}
     assert all(r["status"] == "completed" and r["wall_s"] >= 0.4 for r in record["runs"].values())
 
 
