@@ -13,9 +13,7 @@ also each earlier part, which may have run on another machine) and
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -25,9 +23,9 @@ from typing import TextIO
 from flower_app.app import checkpoint
 from flower_app.run import run_dir, run_lock
 from flower_app.run.run_dir import read_summary, write_atomic
-from flower_app.run.stop_signals import Stopped, stopping_on_signals
+from flower_app.run.stop_signals import Stopped
 from flower_app.reproduction import side_by_side
-from flower_app.reproduction.child_rounds import report_rounds
+from flower_app.reproduction.child_rounds import run_child
 from flower_app.reproduction.report import claim_results, failed_seeds, markdown, rows, table_csv
 from flower_app.reproduction.table_model import Cell, Table
 from task.errors import ConfigError
@@ -336,33 +334,6 @@ def earlier_parts(record: dict | None) -> list[dict]:
         return []
     part = {k: record[k] for k in ("date", "commit", "clean", "machine", "wall_s", "command") if k in record}
     return [*record.get("earlier_parts", []), part]
-
-
-def run_child(cmd: list[str], log) -> int:
-    """Run ``cmd`` (output to ``log``, whose rounds are reported as they end) and return its exit
-    code. A stop signal to this process (:mod:`flower_app.run.stop_signals`) is passed on to the
-    child (``flrep run`` then stops its engine and workers), which is waited for, killed only if it
-    has not stopped within a minute; then :class:`Stopped` goes on."""
-    ended = threading.Event()
-    log.flush()
-    threading.Thread(target=report_rounds, args=(log.name, log.tell(), ended), daemon=True).start()
-    with stopping_on_signals():
-        child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-        side_by_side.track(child)
-        try:
-            return child.wait()
-        except Stopped as stop:
-            if child.poll() is None:
-                child.send_signal(stop.signum)
-                try:
-                    child.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    child.kill()
-                    child.wait()
-            raise
-        finally:
-            side_by_side.untrack(child)
-            ended.set()
 
 
 def _save_manifest(out: Path, manifest: dict) -> None:
