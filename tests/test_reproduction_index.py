@@ -120,6 +120,21 @@ def test_each_paper_number_is_judged_on_its_primary_only(tree):
     assert owed["b_acc"] == 2 and owed["a_acc"] == 0 and owed["d_acc"] == 2  # wide intervals get seeds 3 and 4
 
 
+def test_a_primary_whose_tuning_failed_everywhere_differs_and_one_not_tuned_awaits(tree):
+    table = tree / "conf" / "tables" / "a.yaml"
+    table.write_text(TABLE_A.replace("paper: {acc: e_acc}, columns: [acc]}",
+                                     "paper: {acc: e_acc}, columns: [acc], tune: {key: train.lr, grid: [0.1, 1.0]}}"))
+    why = {n.id: (n.verdict, n.why) for n in rows(Files(tree))[0].numbers}
+    assert why["e_acc"] == ("not attempted", "awaits tuning: train.lr over [0.1, 1.0] on validation data "
+                                             "(flrep tune a e)")
+    record = {"key": "train.lr", "grid": [0.1, 1.0], "seeds": [0], "fraction": 0.2, "choice": None,
+              "mean": {"0.1": None, "1.0": None}}
+    (tree / "docs" / "reproduction" / "a" / "tuning").mkdir()
+    (tree / "docs" / "reproduction" / "a" / "tuning" / "e.json").write_text(json.dumps(record))
+    why = {n.id: (n.verdict, n.why) for n in rows(Files(tree))[0].numbers}
+    assert why["e_acc"] == ("differs", "every value of its tuning of train.lr failed (tuning/e.json): nothing to run")
+
+
 def test_the_page_counts_every_printed_number_with_the_five_verdicts(tree):
     source = Files(tree)
     every = rows(source)

@@ -174,14 +174,24 @@ def test_tune_chooses_by_validation_accuracy_never_by_test_accuracy(tuned, tmp_p
     assert tune.tune(tuned, "a", "cpu", out) == 0 and calls == ["0.05", "0.5"]  # kept runs are read, not run again
 
 
-def test_a_failed_value_cannot_be_chosen_and_all_failing_writes_no_choice(tuned, tmp_path, monkeypatch, capsys):
+def test_a_failed_value_cannot_be_chosen_and_all_failing_is_recorded_as_differs(tuned, tmp_path, monkeypatch,
+                                                                                 capsys):
     _fake_runs(monkeypatch, {"0.05": None, "0.5": (0.1, 0.2)})
     assert tune.tune(tuned, "a", "cpu", tmp_path / "one") == 0
     assert json.loads((tmp_path / "one" / "tuning" / "a.json").read_text())["mean"] == {"0.05": None, "0.5": 0.2}
     _fake_runs(monkeypatch, {"0.05": None, "0.5": None})
-    assert tune.tune(tuned, "a", "cpu", tmp_path / "none") == 1
-    assert not (tmp_path / "none" / "tuning" / "a.json").exists()
-    assert "every value failed" in capsys.readouterr().out
+    none = tmp_path / "none"
+    assert tune.tune(tuned, "a", "cpu", none) == 1
+    record = json.loads((none / "tuning" / "a.json").read_text())
+    assert record["choice"] is None and record["mean"] == {"0.05": None, "0.5": None}
+    assert "every value failed; recorded in" in capsys.readouterr().out
+    # nothing to run: left out of the table's runs, refused when asked for by name
+    assert [j.cell.name for j in plan(tuned, [0], None, none)] == ["b"]
+    with pytest.raises(ConfigError, match="every value of its tuning of train.lr failed"):
+        plan(tuned, [0], ["a"], none)
+    # the page says so (a primary's paper number then differs: test_reproduction_index)
+    assert ("**Tuning found no value** (`flrep tune`): `a` train.lr: every value failed over seeds [0] "
+            "(0.05: failed, 0.5: failed;") in (none / "table.md").read_text()
 
 
 def test_a_tuning_record_made_for_another_grid_is_refused(tuned, tmp_path, monkeypatch):

@@ -20,10 +20,11 @@ def cell_values(table: Table, cell: str, summaries: dict[int, dict], column: str
     return {seed: v for seed, v in values.items() if v is not None}
 
 
-def rows(table: Table, done: dict[str, dict[int, dict]], scale: str, tuned: set[str] = frozenset(),
+def rows(table: Table, done: dict[str, dict[int, dict]], scale: str, tunings: dict[str, dict] | None = None,
          failed: dict[str, tuple[int, ...]] | None = None) -> list[dict]:
     """One row per (cell, column): ours (mean, std, n), the paper's, difference, within tolerance,
-    and, for a primary's paper number, its verdict at ``scale`` (``tuned``: the cells whose tuning ran)."""
+    and, for a primary's paper number, its verdict at ``scale`` (``tunings``: the tuning records of
+    the cells whose tuning ran)."""
     out = []
     for cell in table.cells.values():
         summaries = done.get(cell.name, {})
@@ -40,7 +41,7 @@ def rows(table: Table, done: dict[str, dict[int, dict]], scale: str, tuned: set[
             metric = f"{col.label} (`{cell.keys[col.name]}`)" if col.name in cell.keys else col.label
             number = cell.paper.get(col.name)
             judged = (judge(table, number, mean, len(values), half, table.at_paper_scale(cell.name, scale),
-                            cell.name in tuned, (failed or {}).get(cell.name, ()))
+                            (tunings or {}).get(cell.name), (failed or {}).get(cell.name, ()))
                       if cell.primary and number else ("", ""))
             out.append({"cell": cell.name, "label": cell.label, "column": col.name, "metric": metric,
                         "number": number or "", "role": "primary" if cell.primary else "sensitivity",
@@ -60,22 +61,25 @@ MORE_SEEDS = 5  # a primary whose interval is wider than the tolerance runs seed
 
 
 def judge(table: Table, number: str, mean: float | None, n: int, ci95: float | None,
-          at_paper_scale: bool, tuned: bool = True, failed: tuple[int, ...] = ()) -> tuple[str, str]:
+          at_paper_scale: bool, tuning: dict | None = None, failed: tuple[int, ...] = ()) -> tuple[str, str]:
     """(verdict, why) of paper number ``number`` from its primary's ``n`` seeds (mean, 95% half-width):
     *not attempted* (its reason; or its primary ran only at a reduced scale, or not yet), else
     *inconclusive* (fewer than 3 seeds, or a half-width above twice the tolerance while the interval
     still reaches the tolerance band: too few seeds to tell), else *agrees*
     (the mean within the tolerance), else *differs, diagnosed* (the table's ``diagnosed:``: paired
-    evidence), else *differs*. The paper's number inside our interval is not agreement. ``tuned``:
-    whether the primary's ``tune:`` (if any) has been run; ``failed``: the seeds whose runs failed (a
-    primary with failed runs and no completed one *differs*: the paper's setting did not run through)."""
+    evidence), else *differs*. The paper's number inside our interval is not agreement. ``tuning``:
+    the record of the primary's ``tune:`` (None: not run yet; its choice null: every value failed, so
+    the number *differs*); ``failed``: the seeds whose runs failed (a primary with failed runs and no
+    completed one *differs*: the paper's setting did not run through)."""
     spec = table.numbers[number]
     if spec.not_attempted is not None:
         return NOT_ATTEMPTED, spec.not_attempted
     cell = table.cells[table.primary_of(number)[0]]
-    if cell.tune is not None and not tuned:
+    if cell.tune is not None and tuning is None:
         return NOT_ATTEMPTED, (f"awaits tuning: {cell.tune.key} over {list(cell.tune.grid)} on validation data "
                                f"(flrep tune {table.name} {cell.name})")
+    if cell.tune is not None and tuning["choice"] is None:
+        return DIFFERS, f"every value of its tuning of {cell.tune.key} failed (tuning/{cell.name}.json): nothing to run"
     if not at_paper_scale:
         return NOT_ATTEMPTED, "needs " + table.scales["paper"].get("needs", "the paper's scale")
     if (mean is None or n == 0) and failed:
@@ -215,9 +219,13 @@ def markdown(table: Table, scale: str, manifest: dict, table_rows: list[dict], c
     for cell, record in (tunings or {}).items():
         scores = ", ".join(f"{value}: " + ("failed" if mean is None else f"{mean:.4f}")
                            for value, mean in record["mean"].items())
+        held = f"{record['fraction']:g} of each client's training data held out; test accuracy not read"
+        if record["choice"] is None:
+            lines += [f"**Tuning found no value** (`flrep tune`): `{cell}` {record['key']}: every value failed "
+                      f"over seeds {record['seeds']} ({scores}; {held}).", ""]
+            continue
         lines += [f"**Tuned on validation** (`flrep tune`): `{cell}` {record['key']} = **{record['choice']}**, "
-                  f"the highest mean {record['metric']} over seeds {record['seeds']} ({scores}; "
-                  f"{record['fraction']:g} of each client's training data held out; test accuracy not read).", ""]
+                  f"the highest mean {record['metric']} over seeds {record['seeds']} ({scores}; {held}).", ""]
     shown = [r for r in table_rows if r["role"] == "sensitivity" or not table.numbers]
     if shown:
         if table.numbers:

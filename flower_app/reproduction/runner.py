@@ -28,6 +28,7 @@ from flower_app.reproduction import side_by_side
 from flower_app.reproduction.child_rounds import run_child
 from flower_app.reproduction.report import claim_results, failed_seeds, markdown, rows, table_csv
 from flower_app.reproduction.table_model import Cell, Table
+from flower_app.reproduction.tuning_record import TUNING, tuned_overrides, tuning_failed, tuning_record
 from task.errors import ConfigError
 
 MANIFEST = "reproduce.json"
@@ -75,27 +76,6 @@ class Job:
         return [*self.cell.overrides_at(table, scale), *self.tuned]
 
 
-TUNING = "tuning"  # DIR/tuning/<cell>.json: what ``flrep tune`` chose for a cell
-
-
-def tuned_overrides(out: Path, cell: Cell) -> tuple[str, ...] | None:
-    """``(key=choice,)`` from ``out/tuning/<cell>.json`` for a cell with ``tune:``; () for a cell
-    without; None when the cell's tuning has not been run."""
-    if cell.tune is None:
-        return ()
-    path = out / TUNING / f"{cell.name}.json"
-    if not path.is_file():
-        return None
-    record = json.loads(path.read_text())
-    declared = {"key": cell.tune.key, "grid": list(cell.tune.grid), "seeds": list(cell.tune.seeds),
-                "fraction": cell.tune.fraction}
-    differing = [k for k, v in declared.items() if record.get(k) != v]
-    if differing:
-        raise ConfigError(f"{path}: made for another tune: of cell {cell.name!r} ({', '.join(differing)} differ); "
-                          "move it aside and run `flrep tune` again")
-    return (f"{cell.tune.key}={json.dumps(record['choice'])}",)
-
-
 def run_folder(out: Path, job: Job) -> Path:
     return out / "runs" / job.cell.name / f"seed{job.seed}"
 
@@ -110,7 +90,9 @@ def plan(table: Table, seeds: list[int], only: list[str] | None, out: Path) -> l
     for cell in (c for c in table.cells.values() if not only or c.name in only):
         tuned = tuned_overrides(out, cell)
         if tuned is None:
-            why = (f"cell {cell.name!r} awaits its tuning of {cell.tune.key}: run `flrep tune {table.name} "
+            why = (f"cell {cell.name!r}: every value of its tuning of {cell.tune.key} failed ({out / TUNING}/"
+                   f"{cell.name}.json): nothing to run" if tuning_failed(out, cell) else
+                   f"cell {cell.name!r} awaits its tuning of {cell.tune.key}: run `flrep tune {table.name} "
                    f"{cell.name} --out {out}` first")
             if only:
                 raise ConfigError(why)
@@ -387,10 +369,9 @@ def collect(table: Table, scale: str, out: Path, manifest: dict) -> tuple[dict[s
 def write_report(table: Table, scale: str, out: Path, manifest: dict) -> None:
     """``table.md``, ``table.csv`` and ``table.png`` from every completed run in ``out``."""
     done, left_out = collect(table, scale, out, manifest)
-    tuned = {c for c in table.cells if table.cells[c].tune and tuned_overrides(out, table.cells[c])}
-    table_rows = rows(table, done, scale, tuned, failed_seeds(manifest))
+    tunings = {c: record for c in sorted(table.cells) if (record := tuning_record(out, table.cells[c]))}
+    table_rows = rows(table, done, scale, tunings, failed_seeds(manifest))
     claims = claim_results(table, done)
-    tunings = {c: json.loads((out / TUNING / f"{c}.json").read_text()) for c in sorted(tuned)}
     page = markdown(table, scale, manifest, table_rows, claims, left_out, tunings)
     write_atomic(out / "table.md", lambda tmp: Path(tmp).write_text(page))
     write_atomic(out / "table.csv", lambda tmp: Path(tmp).write_text(table_csv(table_rows)))

@@ -5,7 +5,8 @@ holding out ``fraction`` of its training data (``data.validation_fraction``), in
 ``DIR/tuning/<cell>/<key>=<value>/seed<k>/`` (its log beside it). The choice is the value with the
 highest mean ``validation_accuracy`` over the seeds (the final-window mean over clients of their
 accuracy on the held-out part; a tie goes to the value declared first). Test accuracy is never
-read. A value whose run failed (diverged, crashed) has no score and cannot be chosen.
+read. A value whose run failed (diverged, crashed, learned nothing) has no score and cannot be
+chosen; when every value failed the record says so (its choice null) and the cell's numbers differ.
 
 ``DIR/tuning/<cell>.json`` records the grid, every score and the choice; ``flrep reproduce`` then
 runs the cell with the choice on all of each client's training data, and the table's page shows the
@@ -26,9 +27,9 @@ import numpy as np
 from flower_app.run import run_dir, run_lock
 from flower_app.run.run_dir import read_summary, write_atomic
 from flower_app.reproduction import side_by_side
-from flower_app.reproduction.runner import (TUNING, Job, check, command, load_manifest, run_child, stale_keys,
-                                            write_report)
+from flower_app.reproduction.runner import Job, check, command, load_manifest, run_child, stale_keys, write_report
 from flower_app.reproduction.table_model import Cell, Table
+from flower_app.reproduction.tuning_record import TUNING
 from task.errors import ConfigError
 
 METRIC = "validation_accuracy"
@@ -137,19 +138,20 @@ def tune(table: Table, name: str, scale: str, out: Path, settings: list[str] = (
         for value, mean in means.items():
             print(f"[tune] {cell.name} {spec.key}={value}: mean {METRIC} "
                   + ("failed" if mean is None else f"{mean:.4f}"), flush=True)
-        if choice is None:
-            print(f"[tune] {cell.name}: every value failed; no choice written", flush=True)
-            return 1
         result = {"table": table.name, "cell": cell.name, "key": spec.key, "grid": list(spec.grid),
                   "seeds": list(spec.seeds), "fraction": spec.fraction, "scale": scale, "metric": METRIC,
                   "scores": scores, "mean": means, "choice": choice, "date": _now(), "runs": runs}
         path = out / TUNING / f"{cell.name}.json"
         write_atomic(path, lambda tmp: Path(tmp).write_text(json.dumps(result, indent=1) + "\n"))
-        print(f"[tune] {cell.name}: {spec.key} = {json.dumps(choice)} (highest mean {METRIC}); recorded in {path}",
-              flush=True)
+        if choice is None:
+            print(f"[tune] {cell.name}: every value failed; recorded in {path}: the cell has nothing to run and "
+                  "its paper numbers differ", flush=True)
+        else:
+            print(f"[tune] {cell.name}: {spec.key} = {json.dumps(choice)} (highest mean {METRIC}); recorded in {path}",
+                  flush=True)
         manifest = load_manifest(out) or {"table": table.name, "scale": scale, "runs": {}}
         write_report(table, scale, out, manifest)
-    return 0
+    return 1 if choice is None else 0
 
 
 def _now() -> str:
