@@ -49,6 +49,11 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         from flower_app.reproduction.runner import AppChanged, reproduce
 
         out = Path(args.out).expanduser().resolve()
+        if args.take_from:
+            from flower_app.reproduction.take_runs import take_runs
+
+            return take_runs(load_table(args.table), args.scale, out, Path(args.take_from).expanduser().resolve(),
+                             args.only)
         again = ["reproduce", args.table, "--scale", args.scale, "--seeds", *map(str, args.seeds), "--out", str(out),
                  *(["--only", *args.only] if args.only else []), *(["--set", *args.set] if args.set else []),
                  *(["--retry-failed"] if args.retry_failed else []), *(["--jobs", str(args.jobs)] if args.jobs != 1 else [])]
@@ -103,6 +108,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     rep.add_argument("--jobs", type=positive_int, default=1, metavar="N", help=JOBS_HELP)
     rep.add_argument("--retry-failed", action="store_true",
                      help="move failed runs aside and run them again from the start (default: keep them)")
+    rep.add_argument("--take-from", metavar="OTHER",
+                     help="run nothing: bring the finished runs and tunings of OTHER, another folder of this table "
+                          "(another machine's), into --out where it has none, and write the report again")
     rep.add_argument("--list", action="store_true",
                      help="list the tables and their estimated cost on a 2-core CPU; with a table: its cells "
                           "(primary or sensitivity, the paper numbers each is judged on, minutes per seed)")

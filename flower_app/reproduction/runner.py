@@ -252,7 +252,7 @@ def _run_jobs(table: Table, scale: str, planned: list[Job], out: Path, settings:
                 "command": cmd[1:], "date": _now(), **here,
                 **({"earlier_parts": resumed} if resumed else {})}
         manifest["runs"][job.key] = {"status": "started", **part}
-        _save_manifest(out, manifest)
+        save_manifest(out, manifest)
         log = open(folder.parent / f"seed{job.seed}.log", "a")
         log.write(f"$ {' '.join(cmd)}\n")
         log.flush()
@@ -271,7 +271,7 @@ def _run_jobs(table: Table, scale: str, planned: list[Job], out: Path, settings:
         manifest["runs"][job.key] = {"status": status, "exit_code": code, "wall_s": round(seconds, 1),
                                      **started.part, "date": _now(),
                                      **({"source": summary["source"]} if (summary or {}).get("source") else {})}
-        _save_manifest(out, manifest)
+        save_manifest(out, manifest)
         if status != "completed":
             failed.append(job.key)
             print(f"[reproduce] {job.key} failed (exit {code}); its log: {folder.parent / f'seed{job.seed}.log'}",
@@ -288,7 +288,7 @@ def _run_jobs(table: Table, scale: str, planned: list[Job], out: Path, settings:
         started.log.close()
         manifest["runs"][started.job.key] = {"status": "interrupted",
                                              "wall_s": round(time.monotonic() - started.t0, 1), **started.part}
-        _save_manifest(out, manifest)
+        save_manifest(out, manifest)
         print(f"[reproduce] interrupted by {why} during {started.job.key}", file=sys.stderr)
 
     try:
@@ -318,7 +318,8 @@ def earlier_parts(record: dict | None) -> list[dict]:
     return [*record.get("earlier_parts", []), part]
 
 
-def _save_manifest(out: Path, manifest: dict) -> None:
+def save_manifest(out: Path, manifest: dict) -> None:
+    """Write ``manifest`` as ``out/reproduce.json`` (atomically)."""
     write_atomic(out / MANIFEST, lambda tmp: Path(tmp).write_text(json.dumps(manifest, indent=1) + "\n"))
 
 
