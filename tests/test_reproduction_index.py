@@ -135,6 +135,15 @@ def test_a_primary_whose_tuning_failed_everywhere_differs_and_one_not_tuned_awai
     assert why["e_acc"] == ("differs", "every value of its tuning of train.lr failed (tuning/e.json): nothing to run")
 
 
+def test_a_primary_whose_seeds_failed_differs_and_owes_no_seed_it_ran(tree):
+    manifest_path = tree / "docs" / "reproduction" / "a" / "reproduce.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["runs"].update({f"e/seed{k}": {"status": "failed"} for k in range(3)})
+    manifest_path.write_text(json.dumps(manifest))
+    e = next(n for n in rows(Files(tree))[0].numbers if n.id == "e_acc")
+    assert (e.verdict, e.owed) == ("differs", 0) and e.why.startswith("its runs failed (seed 0, 1, 2")
+
+
 def test_the_page_counts_every_printed_number_with_the_five_verdicts(tree):
     source = Files(tree)
     every = rows(source)

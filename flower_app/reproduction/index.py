@@ -140,10 +140,11 @@ def numbers(table: Table, table_csv: str, manifest: dict | None = None,
         n = int(r["n"]) if r and r["mean"] else 0
         ci95 = ci95_half_width(float(r["std"]), n) if r and r["std"] else None
         record = tuning(source, table, cell)
-        verdict, why = judge(table, ref, mean, n, ci95, table.at_paper_scale(cell, scale), record,
-                             failed_seeds(manifest).get(cell, ()))
+        failed = failed_seeds(manifest).get(cell, ())
+        verdict, why = judge(table, ref, mean, n, ci95, table.at_paper_scale(cell, scale), record, failed)
         seeds = [int(x) for x in (r["seeds"].split() if r else [])]
-        owed = seeds_owed(table, n, ci95, percent, spec.value) if verdict != NOT_ATTEMPTED else 0
+        # a seed whose run failed was run: the rule does not ask for it again
+        owed = seeds_owed(table, n + len(failed), ci95, percent, spec.value) if verdict != NOT_ATTEMPTED else 0
         tuned = (f"{table.cells[cell].tune.key}={json.dumps(record['choice'])}",) if record and record["choice"] is not None else ()
         flags = run_flags(table, cell, scale, seeds, manifest, source.text if source else None, tuned) if seeds else ()
         out.append(Number(ref, spec.what, spec.value, verdict, why, cell, column, percent, mean, n, ci95, owed,
