@@ -126,7 +126,15 @@ def test_a_primary_whose_tuning_failed_everywhere_differs_and_one_not_tuned_awai
                                      "paper: {acc: e_acc}, columns: [acc], tune: {key: train.lr, grid: [0.1, 1.0]}}"))
     why = {n.id: (n.verdict, n.why) for n in rows(Files(tree))[0].numbers}
     assert why["e_acc"] == ("not attempted", "awaits tuning: train.lr over [0.1, 1.0] on validation data "
-                                             "(flrep tune a e)")
+                                             "(flrep tune a e --out docs/reproduction/a)")
+    reduced = TABLE_A.replace(SCALES, "scales:\n  paper: {note: the setting, overrides: [], needs: a GPU}\n"
+                                      "  cpu: {note: fewer rounds, overrides: [rounds=2]}\n")
+    table.write_text(reduced.replace("paper: {acc: e_acc}, columns: [acc]}",
+                                     "paper: {acc: e_acc}, columns: [acc], tune: {key: train.lr, grid: [0.1, 1.0]}}"))
+    why = {n.id: (n.verdict, n.why) for n in rows(Files(tree))[0].numbers}
+    assert why["e_acc"] == ("not attempted", "awaits tuning: train.lr over [0.1, 1.0] on validation data "
+                                             "(flrep tune a e --scale paper --out DIR); "
+                                             "the paper's scale needs a GPU")
     record = {"key": "train.lr", "grid": [0.1, 1.0], "seeds": [0], "fraction": 0.2, "choice": None,
               "mean": {"0.1": None, "1.0": None}}
     (tree / "docs" / "reproduction" / "a" / "tuning").mkdir()

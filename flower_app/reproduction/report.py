@@ -76,8 +76,11 @@ def judge(table: Table, number: str, mean: float | None, n: int, ci95: float | N
         return NOT_ATTEMPTED, spec.not_attempted
     cell = table.cells[table.primary_of(number)[0]]
     if cell.tune is not None and tuning is None:
-        return NOT_ATTEMPTED, (f"awaits tuning: {cell.tune.key} over {list(cell.tune.grid)} on validation data "
-                               f"(flrep tune {table.name} {cell.name})")
+        where = f"--out docs/reproduction/{table.name}" if at_paper_scale else "--scale paper --out DIR"
+        why = (f"awaits tuning: {cell.tune.key} over {list(cell.tune.grid)} on validation data "
+               f"(flrep tune {table.name} {cell.name} {where})")
+        needs = None if at_paper_scale else table.scales["paper"].get("needs")
+        return NOT_ATTEMPTED, why + (f"; the paper's scale needs {needs}" if needs else "")
     if cell.tune is not None and tuning["choice"] is None:
         return DIFFERS, f"every value of its tuning of {cell.tune.key} failed (tuning/{cell.name}.json): nothing to run"
     if not at_paper_scale:
